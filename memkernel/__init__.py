@@ -1,0 +1,35 @@
+"""memkernel: call MLIR memref kernels from Python like numpy functions.
+
+>>> from memkernel import mlir_kernel
+>>> @mlir_kernel(SOURCE)
+... def matmul(a, b):
+...     return (a.shape[0], b.shape[1])
+"""
+
+from .errors import (
+    ArgumentError,
+    CompileError,
+    MemkernelError,
+    MissingDependencyError,
+    MLIRSyntaxError,
+    ShapeError,
+    SignatureError,
+    ValueRangeError,
+)
+from .kernel import Kernel, mlir_kernel
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ArgumentError",
+    "CompileError",
+    "Kernel",
+    "MLIRSyntaxError",
+    "MemkernelError",
+    "MissingDependencyError",
+    "ShapeError",
+    "SignatureError",
+    "ValueRangeError",
+    "__version__",
+    "mlir_kernel",
+]

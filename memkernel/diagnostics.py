@@ -1,0 +1,82 @@
+"""Turning what MLIR reports into text for exception messages.
+
+MLIR reports through two channels: diagnostics attached to ``MLIRError`` (parse,
+verify and pass failures) and plain text on the C ``stderr`` stream (the
+ExecutionEngine and the JIT linker). Both end up in memkernel's exceptions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator, Sequence
+
+from mlir import ir
+
+_STDERR_LOCK = threading.Lock()
+
+
+def _location(loc: ir.Location) -> tuple[int, int] | None:
+    while loc.is_a_callsite():
+        loc = loc.callee
+    if loc.is_a_fused():
+        for child in loc.locations:
+            found = _location(child)
+            if found:
+                return found
+        return None
+    if loc.is_a_name():
+        return _location(loc.child_loc)
+    if loc.is_a_file():
+        return loc.start_line, loc.start_col
+    return None
+
+
+def _format_one(diag: ir.DiagnosticInfo, lines: Sequence[str], indent: str) -> list[str]:
+    where = _location(diag.location)
+    severity = str(diag.severity).rsplit(".", 1)[-1].lower()
+    if where is None:
+        out = [f"{indent}{severity}: {diag.message}"]
+    else:
+        line, col = where
+        out = [f"{indent}{line}:{col}: {severity}: {diag.message}"]
+        if 1 <= line <= len(lines):
+            out.append(f"{indent}    {lines[line - 1]}")
+            out.append(f"{indent}    {' ' * (col - 1)}^")
+    for note in diag.notes:
+        out.extend(_format_one(note, lines, indent + "  "))
+    return out
+
+
+def format_diagnostics(diagnostics: Sequence[ir.DiagnosticInfo], source: str) -> str:
+    """Each diagnostic as ``line:col: severity: message`` with the source line it points at."""
+    lines = source.splitlines()
+    out: list[str] = []
+    for diag in diagnostics:
+        out.extend(_format_one(diag, lines, ""))
+    return "\n".join(out)
+
+
+@contextlib.contextmanager
+def capture_c_stderr() -> Iterator[list[str]]:
+    """Redirect file descriptor 2 into a buffer for the duration of the block.
+
+    Yields a list that holds the captured text once the block exits. The
+    redirection is process-wide, so it is serialized by a lock; it is used only
+    around compilation, never around a kernel call.
+    """
+    captured: list[str] = []
+    with _STDERR_LOCK, tempfile.TemporaryFile(mode="w+b") as sink:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield captured
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            captured.append(sink.read().decode(errors="replace"))

@@ -1,0 +1,49 @@
+"""The exceptions memkernel raises.
+
+Every error is a :class:`MemkernelError`. Each also derives from the builtin
+exception a numpy user would expect in its place (``TypeError`` for a wrong
+argument, ``ValueError`` for a wrong shape), so existing ``except`` clauses keep
+working.
+"""
+
+from __future__ import annotations
+
+
+class MemkernelError(Exception):
+    """Base class of every error memkernel raises."""
+
+
+class MLIRSyntaxError(MemkernelError, ValueError):
+    """The MLIR source does not parse or verify.
+
+    The message holds each diagnostic with its ``line:column`` and the source
+    line it points at.
+    """
+
+
+class SignatureError(MemkernelError, TypeError):
+    """The kernel function cannot be called from Python as written.
+
+    Raised when the kernel is decorated: the function is missing, an argument or
+    result type is not supported, or the Python signature does not fit the MLIR one.
+    """
+
+
+class CompileError(MemkernelError, RuntimeError):
+    """Lowering or JIT compilation failed; the message holds MLIR's diagnostics."""
+
+
+class ArgumentError(MemkernelError, TypeError):
+    """A call passed the wrong arguments: their number, names, dtypes or ranks."""
+
+
+class ShapeError(MemkernelError, ValueError):
+    """A static dimension does not match, or an output shape cannot be derived."""
+
+
+class ValueRangeError(MemkernelError, ValueError):
+    """A value does not fit its MLIR type: an integer out of range, a float that overflows."""
+
+
+class MissingDependencyError(MemkernelError, ImportError):
+    """An optional dependency that this kernel needs is not installed."""

@@ -1,0 +1,255 @@
+"""The ``@mlir_kernel`` decorator and the callable :class:`Kernel` it returns.
+
+Decoration parses the source, reads the signature and builds every argument's
+binder; errors in the source or the signature surface here. The first call
+(or :meth:`Kernel.compile`) lowers and JIT-compiles the function once, under a
+lock, and builds the :class:`~memkernel.plan.CallPlan`. A call binds the
+Python arguments, allocates the outputs, and runs the plan.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from . import libraries
+from .arguments import Binder, MemRefBinder, ScalarBinder, UnrankedBinder
+from .compiler import CompiledFunction, compile_function
+from .effects import written_arguments
+from .errors import ArgumentError, SignatureError
+from .outputs import OutputAllocator
+from .pipeline import Pipeline, check_before_lowering, parse_pipeline
+from .plan import CallPlan
+from .signature import ArgSpec, MemRefSpec, ScalarSpec, Signature, UnrankedSpec, read_signature
+from .source import ParsedSource, parse_source
+
+_PARAMETER = inspect.Parameter
+
+
+def _binder(kernel: str, name: str, spec: ArgSpec, *, may_write: bool, is_output: bool) -> Binder:
+    if isinstance(spec, MemRefSpec):
+        return MemRefBinder(kernel, name, spec, may_write=may_write, is_output=is_output)
+    if isinstance(spec, UnrankedSpec):
+        return UnrankedBinder(kernel, name, spec, may_write=may_write, is_output=is_output)
+    return ScalarBinder(kernel, name, spec)
+
+
+class Kernel:
+    """An MLIR function callable like a numpy function. Made by :func:`mlir_kernel`.
+
+    Call it with the Python function's parameters (positionally or by keyword)
+    and, when the MLIR function has trailing output memrefs, optionally
+    ``out=`` (an array, or a tuple with one array or None per output). It
+    returns the outputs, then the MLIR results: nothing gives None, one gives
+    the value, several give a tuple.
+    """
+
+    def __init__(
+        self,
+        function: Callable[..., Any],
+        source: str,
+        *,
+        name: str | None,
+        pipeline: str | None,
+        opt_level: int,
+        shared_libs: Sequence[str | os.PathLike[str]],
+    ) -> None:
+        functools.update_wrapper(self, function)
+        self.__dict__.pop("__wrapped__", None)
+        self._function = function
+        self._name = name or function.__name__
+        self._pipeline: Pipeline = parse_pipeline(pipeline)
+        if not isinstance(opt_level, int) or not 0 <= opt_level <= 3:
+            raise ValueError(f"opt_level must be 0, 1, 2 or 3, got {opt_level!r}")
+        self._opt_level = opt_level
+        self._shared_libs = libraries.resolve_libraries(os.fspath(lib) for lib in shared_libs)
+        self._parsed: ParsedSource = parse_source(source)
+        with self._parsed.context:
+            func = self._parsed.function(self._name)
+            self.mlir_signature: Signature = read_signature(func)
+            written = written_arguments(func)
+            check_before_lowering(self._parsed.module, self._pipeline)
+        self._params = self._python_parameters(function)
+        self._binders = self._make_binders(written)
+        self.__signature__ = self._python_signature()
+        self._plan: CallPlan | None = None
+        self._compiled: CompiledFunction | None = None
+        self._lock = threading.Lock()
+
+    # -- decoration-time analysis ------------------------------------------------
+
+    def _python_parameters(self, function: Callable[..., Any]) -> list[inspect.Parameter]:
+        params = list(inspect.signature(function).parameters.values())
+        mlir_args = self.mlir_signature.args
+        for p in params:
+            if p.kind in (_PARAMETER.VAR_POSITIONAL, _PARAMETER.VAR_KEYWORD):
+                raise SignatureError(
+                    f"{self._name}(): parameter {p} cannot name an MLIR argument; "
+                    "name each argument with its own parameter."
+                )
+        if len(params) > len(mlir_args):
+            raise SignatureError(
+                f"{self._name}(): the Python function has {len(params)} parameters but "
+                f"@{self._name} takes {len(mlir_args)} arguments "
+                f"({', '.join(a.mlir for a in mlir_args) or 'none'})."
+            )
+        for i, spec in enumerate(mlir_args[len(params):], start=len(params)):
+            if isinstance(spec, ScalarSpec):
+                raise SignatureError(
+                    f"{self._name}(): MLIR argument #{i} ({spec.mlir}) has no Python parameter. "
+                    "Arguments the Python signature leaves out are outputs, which must be memrefs; "
+                    "add a parameter for it."
+                )
+        if len(params) < len(mlir_args) and any(p.name == "out" for p in params):
+            raise SignatureError(
+                f"{self._name}(): a parameter named 'out' clashes with the out= keyword of a kernel "
+                "with outputs; rename it."
+            )
+        return params
+
+    @property
+    def _output_names(self) -> list[str]:
+        count = len(self.mlir_signature.args) - len(self._params)
+        return ["out"] if count == 1 else [f"out[{i}]" for i in range(count)]
+
+    def _make_binders(self, written: frozenset[int]) -> list[Binder]:
+        args = self.mlir_signature.args
+        names = [p.name for p in self._params] + self._output_names
+        return [
+            _binder(self._name, names[i], spec, may_write=i in written, is_output=i >= len(self._params))
+            for i, spec in enumerate(args)
+        ]
+
+    def _python_signature(self) -> inspect.Signature:
+        args = self.mlir_signature.args
+        params = [p.replace(annotation=args[i].mlir) for i, p in enumerate(self._params)]
+        outputs = args[len(self._params):]
+        if outputs:
+            params.append(_PARAMETER("out", _PARAMETER.KEYWORD_ONLY, default=None,
+                                     annotation=" | ".join(["None", *(o.mlir for o in outputs)])))
+        returned = [o.mlir for o in outputs] + [r.mlir for r in self.mlir_signature.results]
+        annotation: Any = inspect.Signature.empty
+        if len(returned) == 1:
+            annotation = returned[0]
+        elif returned:
+            annotation = f"tuple[{', '.join(returned)}]"
+        return inspect.Signature(params, return_annotation=annotation)
+
+    # -- compilation ---------------------------------------------------------------
+
+    def compile(self) -> Kernel:
+        """JIT-compile now rather than at the first call; returns the kernel. Raises CompileError."""
+        if self._plan is None:
+            with self._lock:
+                if self._plan is None:
+                    compiled = compile_function(self._parsed, self._name, self._pipeline,
+                                                self._opt_level, self._shared_libs)
+                    self._compiled = compiled
+                    self._plan = CallPlan(self._binders, self.mlir_signature.results,
+                                          compiled.address, compiled)
+        return self
+
+    @functools.cached_property
+    def _allocator(self) -> OutputAllocator:
+        n = len(self._params)
+        args = self.mlir_signature.args
+        inputs = [(i, spec) for i, spec in enumerate(args[:n]) if isinstance(spec, MemRefSpec)]
+        outputs = [(name, spec) for name, spec in zip(self._output_names, args[n:])]
+        return OutputAllocator(self._name, outputs, inputs, self._function)  # type: ignore[arg-type]
+
+    # -- calls ---------------------------------------------------------------------
+
+    def _argument_error(self, message: str) -> ArgumentError:
+        return ArgumentError(f"{self._name}{self.__signature__}: {message}")
+
+    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+        params = self._params
+        if not kwargs and len(args) == len(params):
+            return list(args)
+        if len(args) > len(params):
+            raise self._argument_error(f"takes {len(params)} positional arguments but {len(args)} were given")
+        values = list(args)
+        for p in params[len(args):]:
+            if p.name in kwargs:
+                values.append(kwargs.pop(p.name))
+            elif p.default is not _PARAMETER.empty:
+                values.append(p.default)
+            else:
+                raise self._argument_error(f"missing argument '{p.name}'")
+        if kwargs:
+            named = {p.name for p in params[:len(args)]}
+            unknown = sorted(kwargs)
+            twice = [k for k in unknown if k in named]
+            if twice:
+                raise self._argument_error(f"got multiple values for argument '{twice[0]}'")
+            raise self._argument_error(f"got an unexpected keyword argument '{unknown[0]}'")
+        return values
+
+    def _given_outputs(self, out: Any) -> list[Any]:
+        count = len(self.mlir_signature.args) - len(self._params)
+        if out is None:
+            return [None] * count
+        if count == 0:
+            raise self._argument_error("takes no out=: the kernel has no output arguments")
+        if isinstance(out, tuple):
+            if len(out) != count:
+                raise self._argument_error(f"out= must hold {count} entries, one per output; got {len(out)}")
+            return list(out)
+        if count > 1:
+            raise self._argument_error(f"has {count} outputs: pass out= as a tuple of {count} arrays (or None)")
+        return [out]
+
+    def __call__(self, *args: Any, out: Any = None, **kwargs: Any) -> Any:
+        values = self._bind(args, kwargs)
+        given = self._given_outputs(out)
+        plan = self._plan or self.compile()._plan
+        assert plan is not None
+        outputs = self._allocator.allocate(values, given) if given else []
+        results = plan.call(values + outputs)
+        returned = (*outputs, *results)
+        if not returned:
+            return None
+        return returned[0] if len(returned) == 1 else returned
+
+    def __repr__(self) -> str:
+        return f"<memkernel.Kernel {self._name}{self.__signature__}>"
+
+
+def mlir_kernel(
+    source: str,
+    *,
+    name: str | None = None,
+    pipeline: str | None = None,
+    opt_level: int = 3,
+    shared_libs: Sequence[str | os.PathLike[str]] = (),
+) -> Callable[[Callable[..., Any]], Kernel]:
+    """Turn a Python function into a call of the MLIR ``func.func`` it names.
+
+    ``source`` is MLIR text holding the kernel (it may hold other functions and
+    globals). The kernel is ``func.func @<name>``, ``name`` defaulting to the
+    Python function's name. The Python parameters name the leading MLIR
+    arguments; trailing memref arguments left out are outputs, allocated
+    zero-filled or taken from ``out=``. The decorated function's body gives the
+    shapes of outputs with ``?`` dims: a shape tuple for one output, a tuple
+    of shapes for several; returning None lets memkernel take them from
+    inputs of the same memref shape pattern.
+
+    ``pipeline`` is a preset name (``"default"``) or a pass pipeline;
+    ``opt_level`` the LLVM optimization level (0-3); ``shared_libs`` paths or
+    names (``"mlir_c_runner_utils"``) of libraries the kernel calls into.
+
+    Raises MLIRSyntaxError, SignatureError or CompileError (a bad pipeline or
+    library) at decoration; the returned :class:`Kernel` raises ArgumentError,
+    ShapeError, ValueRangeError and CompileError at call time.
+    """
+
+    def decorate(function: Callable[..., Any]) -> Kernel:
+        return Kernel(function, source, name=name, pipeline=pipeline, opt_level=opt_level,
+                      shared_libs=shared_libs)
+
+    return decorate
+

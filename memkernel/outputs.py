@@ -1,0 +1,112 @@
+"""Shaping and allocating the output arguments a call does not pass.
+
+A static dim comes from the memref type. A ``?`` dim comes, in order, from the
+``out=`` array, from the shape the decorated Python function returns, or from
+the inputs that have the same memref shape pattern when they all agree.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .errors import ShapeError
+from .signature import MemRefSpec, UnrankedSpec
+
+_NOT_CALLED = object()
+
+
+def _is_shape(value: Any) -> bool:
+    if not isinstance(value, (tuple, list)):
+        return False
+    try:
+        for d in value:
+            operator.index(d)
+    except TypeError:
+        return False
+    return True
+
+
+class OutputAllocator:
+    """Allocates zero-filled arrays for the outputs that ``out=`` leaves out."""
+
+    def __init__(
+        self,
+        kernel: str,
+        outputs: Sequence[tuple[str, MemRefSpec | UnrankedSpec]],
+        inputs: Sequence[tuple[int, MemRefSpec]],
+        shape_function: Callable[..., Any],
+    ) -> None:
+        self.kernel = kernel
+        self.outputs = tuple(outputs)
+        self.inputs = tuple(inputs)
+        self.shape_function = shape_function
+
+    def allocate(self, values: Sequence[Any], given: Sequence[Any]) -> list[Any]:
+        """The arrays for every output: ``given[i]`` where not None, else a new zeroed array."""
+        arrays = list(given)
+        returned: Any = _NOT_CALLED
+        for i, (name, spec) in enumerate(self.outputs):
+            if arrays[i] is not None:
+                continue
+            if isinstance(spec, UnrankedSpec):
+                raise ShapeError(
+                    f"{self.kernel}(): output '{name}' is {spec.mlir}, whose rank is unknown, so "
+                    f"memkernel cannot allocate it. Pass out= with an array of dtype {spec.element.dtype.name}."
+                )
+            if None in spec.shape:
+                if returned is _NOT_CALLED:
+                    returned = self._returned_shapes(values)
+                shape = self._shape(i, name, spec, returned[i], values)
+            else:
+                shape = spec.shape
+            arrays[i] = np.zeros(shape, dtype=spec.element.dtype)
+        return arrays
+
+    def _returned_shapes(self, values: Sequence[Any]) -> tuple[Any, ...]:
+        """What the decorated function returns, one entry (a shape or None) per output."""
+        returned = self.shape_function(*values)
+        count = len(self.outputs)
+        if returned is None:
+            return (None,) * count
+        if count == 1 and _is_shape(returned):
+            return (tuple(returned),)
+        if isinstance(returned, (tuple, list)) and len(returned) == count and all(
+                r is None or _is_shape(r) for r in returned):
+            return tuple(returned)
+        expected = "a shape tuple" if count == 1 else f"a tuple of {count} shape tuples (or None)"
+        raise ShapeError(
+            f"{self.kernel}(): the decorated function returned {returned!r}; to give the output "
+            f"shapes it must return {expected}, or None."
+        )
+
+    def _shape(self, i: int, name: str, spec: MemRefSpec, returned: Any, values: Sequence[Any]) -> tuple[int, ...]:
+        if returned is not None:
+            shape = tuple(operator.index(d) for d in returned)
+            self._check(name, spec, shape)
+            return shape
+        like = {tuple(np.shape(values[j])) for j, input_spec in self.inputs if input_spec.same_pattern(spec)}
+        if len(like) == 1:
+            return like.pop()
+        reason = (
+            "the inputs of that shape pattern disagree: " + ", ".join(str(s) for s in sorted(like))
+            if like else "no input has that shape pattern"
+        )
+        example = ", ".join("n" if d is None else str(d) for d in spec.shape)
+        raise ShapeError(
+            f"{self.kernel}(): cannot derive the shape of output '{name}' ({spec.mlir}): {reason}. "
+            f"Return its shape from the decorated function (e.g. `return ({example},)`), "
+            f"or pass out=."
+        )
+
+    def _check(self, name: str, spec: MemRefSpec, shape: tuple[int, ...]) -> None:
+        wrong = len(shape) != spec.rank or any(d < 0 for d in shape) or any(
+            want is not None and want != have for want, have in zip(spec.shape, shape))
+        if wrong:
+            raise ShapeError(
+                f"{self.kernel}(): the decorated function gave shape {shape} for output '{name}', "
+                f"which does not fit {spec.mlir}."
+            )

@@ -1,0 +1,160 @@
+"""The pass pipelines that lower a kernel module to the LLVM dialect.
+
+The ``"default"`` preset lowers what upstream CPU code uses: linalg (to loops),
+affine, scf, vector, arith, math (with libm), complex, memref (with
+``expand-strided-metadata``), index, cf, ub and func. It runs in two halves;
+between them memkernel rewrites ``i1`` memref accesses to byte accesses (the
+LLVM 22 lowering of ``i1`` loads and stores aborts the process) and, when the
+module does arithmetic on f8 types, adds ``convert-arith-to-apfloat``.
+
+``pipeline=`` may instead name a pass pipeline of the user's; it runs as given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from mlir import ir, passmanager
+
+from . import i1_storage
+from .diagnostics import format_diagnostics
+from .dtypes import F8_NAMES
+from .errors import CompileError, SignatureError
+
+DEFAULT = "default"
+
+_PRE = (
+    "builtin.module("
+    "func.func(convert-linalg-to-loops),"
+    "convert-vector-to-scf,"
+    "arith-expand,"
+    "expand-strided-metadata,"
+    "lower-affine,"
+    "convert-math-to-funcs,"
+    "convert-complex-to-standard,"
+    "convert-scf-to-cf)"
+)
+_APFLOAT = "convert-arith-to-apfloat,"
+_POST = (
+    "builtin.module("
+    "convert-vector-to-llvm,"
+    "convert-math-to-llvm,"
+    "convert-math-to-libm,"
+    "convert-complex-to-llvm,"
+    "convert-index-to-llvm,"
+    "{apfloat}"
+    "convert-arith-to-llvm,"
+    "finalize-memref-to-llvm,"
+    "convert-func-to-llvm,"
+    "convert-cf-to-llvm,"
+    "convert-ub-to-llvm,"
+    "reconcile-unrealized-casts)"
+)
+
+APFLOAT_LIBRARY = "mlir_apfloat_wrappers"
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A preset name, or the user's own pass pipeline text."""
+
+    name: str
+    custom: str | None = None
+
+    def describe(self) -> str:
+        return self.custom if self.custom is not None else f"preset {self.name!r}"
+
+
+def _element(t: ir.Type) -> ir.Type:
+    return t.element_type if isinstance(t, ir.ShapedType) else t
+
+
+def _types_of(op: ir.Operation) -> list[ir.Type]:
+    return [v.type for v in op.operands] + [r.type for r in op.results]
+
+
+def _walk(module: ir.Module, visit: Callable[[ir.Operation], None]) -> None:
+    def callback(op: ir.Operation) -> ir.WalkResult:
+        visit(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(callback)
+
+
+def uses_f8_arithmetic(module: ir.Module) -> bool:
+    """Whether an ``arith`` op computes on an f8 type (LLVM has no f8 arithmetic)."""
+    found: list[str] = []
+
+    def visit(op: ir.Operation) -> None:
+        if op.name.startswith("arith.") and any(str(_element(t)) in F8_NAMES for t in _types_of(op)):
+            found.append(op.name)
+
+    _walk(module, visit)
+    return bool(found)
+
+
+def _is_i1_memref(t: ir.Type) -> bool:
+    return isinstance(t, (ir.MemRefType, ir.UnrankedMemRefType)) and str(t.element_type) == "i1"
+
+
+def check_before_lowering(module: ir.Module, pipeline: Pipeline) -> None:
+    """Refuse, with a SignatureError, IR that the lowering would miscompile or abort on."""
+    vector_ops: list[str] = []
+    i1_ops: list[str] = []
+
+    def visit(op: ir.Operation) -> None:
+        if any(_is_i1_memref(t) for t in _types_of(op)):
+            i1_ops.append(op.name)
+            if op.name.startswith("vector."):
+                vector_ops.append(op.name)
+
+    _walk(module, visit)
+    if vector_ops:
+        raise SignatureError(
+            f"{vector_ops[0]} on an i1 memref: vector accesses of i1 memrefs lower to bit-packed "
+            "loads and stores, while i1 memrefs hold one byte per element. Use memref.load/store "
+            "or linalg ops on i1 memrefs, or an i8 memref."
+        )
+    if i1_ops and pipeline.custom is not None:
+        raise SignatureError(
+            f"{i1_ops[0]} uses an i1 memref, which only the preset pipelines support: with the "
+            "LLVM 22 lowering, loading or storing an i1 element aborts the process, and the "
+            "presets rewrite those accesses first. Drop pipeline= or use an i8 memref."
+        )
+
+
+def parse_pipeline(pipeline: str | None) -> Pipeline:
+    """A :class:`Pipeline` for ``pipeline=``: None or a preset name, else pass pipeline text."""
+    if pipeline is None or pipeline == DEFAULT:
+        return Pipeline(DEFAULT)
+    text = pipeline.strip()
+    if not text.startswith("builtin.module("):
+        text = f"builtin.module({text})"
+    try:
+        with ir.Context():
+            passmanager.PassManager.parse(text)
+    except ValueError as exc:
+        raise CompileError(f"pipeline= does not parse as a pass pipeline or name a preset ({DEFAULT!r}): {exc}") from None
+    return Pipeline("custom", text)
+
+
+def _run(text: str, module: ir.Module, source: str) -> None:
+    try:
+        passmanager.PassManager.parse(text).run(module.operation)
+    except ir.MLIRError as exc:
+        raise CompileError(
+            "lowering failed:\n" + format_diagnostics(exc.error_diagnostics, source)
+        ) from None
+
+
+def lower(module: ir.Module, pipeline: Pipeline, source: str) -> bool:
+    """Lower ``module`` in place to the LLVM dialect; True if it needs the APFloat runtime."""
+    if pipeline.custom is not None:
+        _run(pipeline.custom, module, source)
+        return False
+    _run(_PRE, module, source)
+    i1_storage.lower_i1_accesses(module)
+    apfloat = uses_f8_arithmetic(module)
+    _run(_POST.format(apfloat=_APFLOAT if apfloat else ""), module, source)
+    return apfloat

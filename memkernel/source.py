@@ -1,0 +1,54 @@
+"""Parsing the MLIR source and finding the kernel function in it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mlir import ir
+
+from .diagnostics import format_diagnostics
+from .errors import MLIRSyntaxError, SignatureError
+
+
+@dataclass
+class ParsedSource:
+    """A parsed, verified module with the context that owns it."""
+
+    text: str
+    context: ir.Context
+    module: ir.Module
+
+    def functions(self) -> list[ir.Operation]:
+        return [op for op in self.module.body.operations if op.operation.name == "func.func"]
+
+    def function(self, name: str) -> ir.Operation:
+        """The ``func.func @name`` with a body; SignatureError listing the others if absent."""
+        defined = []
+        for func in self.functions():
+            func_name = ir.StringAttr(func.attributes["sym_name"]).value
+            has_body = len(func.regions[0].blocks) > 0
+            if func_name == name and has_body:
+                return func.operation
+            if has_body:
+                defined.append(f"@{func_name}")
+        listed = ", ".join(defined) if defined else "none"
+        raise SignatureError(
+            f"no func.func @{name} with a body in the MLIR source; functions defined: {listed}. "
+            "Pass name= to pick one."
+        )
+
+
+def parse_source(text: str) -> ParsedSource:
+    """Parse and verify ``text`` in a fresh context; MLIRSyntaxError on failure."""
+    if not isinstance(text, str):
+        raise TypeError(f"the MLIR source must be a str, got {type(text).__name__}")
+    context = ir.Context()
+    with context, ir.Location.unknown():
+        try:
+            module = ir.Module.parse(text)
+        except ir.MLIRError as exc:
+            raise MLIRSyntaxError(
+                "the MLIR source does not parse or verify:\n"
+                + format_diagnostics(exc.error_diagnostics, text)
+            ) from None
+    return ParsedSource(text, context, module)
