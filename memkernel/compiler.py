@@ -11,7 +11,7 @@ from mlir.execution_engine import ExecutionEngine
 from . import libraries
 from .diagnostics import capture_c_stderr
 from .errors import CompileError
-from .pipeline import APFLOAT_LIBRARY, Pipeline, lower
+from .pipeline import Pipeline, lower
 from .source import ParsedSource
 
 
@@ -25,6 +25,15 @@ class CompiledFunction:
 
     engine: ExecutionEngine
     address: int
+
+
+def external_functions(module: ir.Module) -> list[str]:
+    """Names of the functions the lowered module declares but does not define."""
+    return [
+        ir.StringAttr(op.attributes["sym_name"]).value
+        for op in module.body.operations
+        if op.operation.name == "llvm.func" and len(op.regions[0].blocks) == 0
+    ]
 
 
 def _with_stderr(message: str, stderr: str) -> str:
@@ -42,16 +51,15 @@ def compile_function(
     """Lower ``parsed`` in place with ``pipeline`` and JIT it; CompileError with MLIR's diagnostics on failure."""
     with parsed.context, ir.Location.unknown():
         parsed.function(name).attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
-        needs_apfloat = lower(parsed.module, pipeline, parsed.text)
-        libs = tuple(shared_libs)
-        if needs_apfloat:
-            apfloat = libraries.find_library(APFLOAT_LIBRARY)
-            if apfloat is None:
-                raise CompileError(
-                    "arithmetic on f8 types runs in software through libmlir_apfloat_wrappers, "
-                    "which is not installed: pip install 'memkernel[runtime]'"
-                )
-            libs += (apfloat,)
+        lower(parsed.module, pipeline, parsed.text)
+        added, unresolved = libraries.libraries_for(external_functions(parsed.module), shared_libs)
+        if unresolved:
+            raise CompileError(
+                f"@{name} calls {', '.join(unresolved)}, which no linked library defines. The MLIR "
+                "runtime libraries (memrefCopy, printMemref*, the APFloat routines of f8 arithmetic) "
+                "come with: pip install 'memkernel[runtime]'. Pass other libraries in shared_libs=."
+            )
+        libs = (*shared_libs, *added)
         failure = None
         with capture_c_stderr() as stderr:
             try:

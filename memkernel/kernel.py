@@ -30,6 +30,13 @@ from .source import ParsedSource, parse_source
 _PARAMETER = inspect.Parameter
 
 
+class _TypeText(str):
+    """An annotation that shows as the MLIR type text, unquoted, in signatures."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
 def _binder(kernel: str, name: str, spec: ArgSpec, *, may_write: bool, is_output: bool) -> Binder:
     if isinstance(spec, MemRefSpec):
         return MemRefBinder(kernel, name, spec, may_write=may_write, is_output=is_output)
@@ -126,17 +133,17 @@ class Kernel:
 
     def _python_signature(self) -> inspect.Signature:
         args = self.mlir_signature.args
-        params = [p.replace(annotation=args[i].mlir) for i, p in enumerate(self._params)]
+        params = [p.replace(annotation=_TypeText(args[i].mlir)) for i, p in enumerate(self._params)]
         outputs = args[len(self._params):]
         if outputs:
             params.append(_PARAMETER("out", _PARAMETER.KEYWORD_ONLY, default=None,
-                                     annotation=" | ".join(["None", *(o.mlir for o in outputs)])))
+                                     annotation=_TypeText(" | ".join(["None", *(o.mlir for o in outputs)]))))
         returned = [o.mlir for o in outputs] + [r.mlir for r in self.mlir_signature.results]
         annotation: Any = inspect.Signature.empty
         if len(returned) == 1:
-            annotation = returned[0]
+            annotation = _TypeText(returned[0])
         elif returned:
-            annotation = f"tuple[{', '.join(returned)}]"
+            annotation = _TypeText(f"tuple[{', '.join(returned)}]")
         return inspect.Signature(params, return_annotation=annotation)
 
     # -- compilation ---------------------------------------------------------------

@@ -2,13 +2,18 @@
 
 ``shared_libs=`` takes paths, or names such as ``mlir_c_runner_utils`` that are
 looked up in the installed MLIR packages (``memkernel[runtime]`` installs them).
+Functions a lowered module calls but does not define (``memrefCopy``, the
+``printMemref`` family, the APFloat routines of f8 arithmetic) are looked up in
+those runtime libraries, which are then linked without being asked for.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import importlib.util
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from .errors import CompileError
 
@@ -46,3 +51,38 @@ def resolve_libraries(names: Iterable[str]) -> tuple[str, ...]:
             )
         paths.append(path)
     return tuple(paths)
+
+
+RUNTIME_LIBRARIES = ("mlir_c_runner_utils", "mlir_runner_utils", "mlir_float16_utils", "mlir_apfloat_wrappers")
+
+
+@functools.lru_cache(maxsize=None)
+def _open(path: str | None) -> ctypes.CDLL:
+    return ctypes.CDLL(path)
+
+
+def _defines(path: str | None, symbol: str) -> bool:
+    try:
+        return hasattr(_open(path), symbol)
+    except OSError:
+        return False
+
+
+def libraries_for(symbols: Iterable[str], linked: Sequence[str]) -> tuple[tuple[str, ...], list[str]]:
+    """Runtime libraries to add so that ``symbols`` resolve, and the symbols nothing defines.
+
+    A symbol resolves if the process or a library in ``linked`` defines it;
+    otherwise the first of :data:`RUNTIME_LIBRARIES` that defines it is added.
+    """
+    added: list[str] = []
+    unresolved: list[str] = []
+    runtime = [path for path in map(find_library, RUNTIME_LIBRARIES) if path is not None]
+    for symbol in symbols:
+        if any(_defines(path, symbol) for path in (None, *linked, *added)):
+            continue
+        provider = next((path for path in runtime if _defines(path, symbol)), None)
+        if provider is None:
+            unresolved.append(symbol)
+        else:
+            added.append(provider)
+    return tuple(added), unresolved

@@ -52,9 +52,6 @@ _POST = (
     "reconcile-unrealized-casts)"
 )
 
-APFLOAT_LIBRARY = "mlir_apfloat_wrappers"
-
-
 @dataclass(frozen=True)
 class Pipeline:
     """A preset name, or the user's own pass pipeline text."""
@@ -148,13 +145,12 @@ def _run(text: str, module: ir.Module, source: str) -> None:
         ) from None
 
 
-def lower(module: ir.Module, pipeline: Pipeline, source: str) -> bool:
-    """Lower ``module`` in place to the LLVM dialect; True if it needs the APFloat runtime."""
+def lower(module: ir.Module, pipeline: Pipeline, source: str) -> None:
+    """Lower ``module`` in place to the LLVM dialect; CompileError with the diagnostics on failure."""
     if pipeline.custom is not None:
         _run(pipeline.custom, module, source)
-        return False
+        return
     _run(_PRE, module, source)
     i1_storage.lower_i1_accesses(module)
-    apfloat = uses_f8_arithmetic(module)
-    _run(_POST.format(apfloat=_APFLOAT if apfloat else ""), module, source)
-    return apfloat
+    apfloat = _APFLOAT if uses_f8_arithmetic(module) else ""
+    _run(_POST.format(apfloat=apfloat), module, source)
