@@ -160,8 +160,9 @@ class Kernel:
         if self._plan is None:
             with self._lock:
                 if self._plan is None:
-                    compiled = compile_function(self._parsed, self._name, self._pipeline,
-                                                self._opt_level, self._shared_libs)
+                    # Lower a fresh parse: a failed attempt must not leave a half-lowered module behind.
+                    compiled = compile_function(parse_source(self._parsed.text), self._name,
+                                                self._pipeline, self._opt_level, self._shared_libs)
                     self._compiled = compiled
                     self._plan = CallPlan(self._binders, self.mlir_signature.results,
                                           compiled.address, compiled)
