@@ -3,7 +3,8 @@
 memkernel sometimes has to pass a copy of an argument (a non-contiguous view
 to an identity-layout memref). A copy the kernel may have written is copied back
 into the caller's array; one the IR proves read-only is not. The analysis is
-conservative: any use it does not know counts as a write.
+conservative: any use it does not know counts as a write. Calls to functions
+defined in the same module are followed into the callee.
 """
 
 from __future__ import annotations
@@ -48,28 +49,52 @@ def _linalg_inputs(op: ir.Operation) -> int | None:
     return ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"])[0]
 
 
-def _may_write(value: ir.Value) -> bool:
-    for use in value.uses:
-        op = use.owner
+def _callee_argument(op: ir.Operation, position: int) -> ir.Value | None:
+    """The block argument of the called function that receives operand ``position`` of a ``func.call``."""
+    callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
+    module = op.parent
+    while module.name != "builtin.module":
+        module = module.parent
+    for candidate in module.regions[0].blocks[0].operations:
+        if (candidate.operation.name == "func.func"
+                and ir.StringAttr(candidate.attributes["sym_name"]).value == callee
+                and len(candidate.regions[0].blocks) > 0):
+            return candidate.regions[0].blocks[0].arguments[position]
+    return None
+
+
+class _Analysis:
+    """May-write answers for values, memoized; a value under analysis counts as not written (recursion)."""
+
+    def __init__(self) -> None:
+        self.answers: dict[ir.Value, bool] = {}
+
+    def may_write(self, value: ir.Value) -> bool:
+        if value in self.answers:
+            return self.answers[value]
+        self.answers[value] = False
+        answer = any(self._use_may_write(use.owner, use.operand_number) for use in value.uses)
+        self.answers[value] = answer
+        return answer
+
+    def _use_may_write(self, op: ir.Operation, position: int) -> bool:
         name = op.name
-        position = use.operand_number
         if name in _VIEWS and position == 0:
-            if any(_may_write(result) for result in op.results):
-                return True
-            continue
+            return any(self.may_write(result) for result in op.results)
         if name in _READS and position in _READS[name]:
-            continue
+            return False
+        if name == "func.call":
+            argument = _callee_argument(op, position)
+            return argument is None or self.may_write(argument)
         inputs = _linalg_inputs(op)
-        if inputs is not None and position < inputs:
-            continue
-        return True
-    return False
+        return inputs is None or position >= inputs
 
 
 def written_arguments(func: ir.Operation) -> frozenset[int]:
     """Indices of the ``func.func`` arguments that the kernel may write through."""
     entry = func.regions[0].blocks[0]
+    analysis = _Analysis()
     return frozenset(
         i for i, arg in enumerate(entry.arguments)
-        if isinstance(arg.type, (ir.MemRefType, ir.UnrankedMemRefType)) and _may_write(arg)
+        if isinstance(arg.type, (ir.MemRefType, ir.UnrankedMemRefType)) and analysis.may_write(arg)
     )
