@@ -139,15 +139,22 @@ class _BufferBinder(Binder):
             )
         if not self.element.accepts(array.dtype):
             raise ArgumentError(
-                f"{self._where()} ({_dtype_names(self.element)}); got {describe_value(array)}. "
-                f"Pass {self.name}.astype(np.{self.element.dtype.name})."
+                f"{self._where()} ({self._expectation()}); got {describe_value(array)}. "
+                f"Pass {self.name}.astype(np.{self.element.dtype.name}){self._shape_fix(array)}."
             )
-        if self.is_output and not array.flags.writeable:
+        if not array.flags.writeable and (self.is_output or self.may_write):
+            where = "as out=" if self.is_output else "for an argument the kernel may write"
             raise ArgumentError(
-                f"{self._where()}; got a read-only array {describe_value(array)} as out=. "
-                "Pass a writable array."
+                f"{self._where()}; got a read-only array {describe_value(array)} {where}. "
+                f"Pass a writable array, e.g. {self.name}.copy()."
             )
         return array
+
+    def _expectation(self) -> str:
+        return f"{_dtype_names(self.element)}, any rank"
+
+    def _shape_fix(self, array: np.ndarray) -> str:
+        return ""
 
     def _coerce(self, value: Any) -> np.ndarray:
         try:
@@ -160,13 +167,17 @@ class _BufferBinder(Binder):
                 f"{self.element.dtype.name} without changing its values. Pass a numpy array of "
                 f"dtype {self.element.dtype.name}."
             )
-        converted = natural.astype(self.element.dtype)
-        if natural.dtype.kind in "iu" and self.element.kind == "int" and not np.array_equal(converted, natural):
-            raise ValueRangeError(
-                f"{self._where()}; got {describe_value(value)} with values out of range for "
-                f"{self.element.mlir}."
-            )
-        return converted
+        if natural.dtype.kind not in "iu" or self.element.kind != "int":
+            return natural.astype(self.element.dtype)
+        # Integers: the first accepted dtype that holds every value (a signless type takes either sign).
+        for dtype in self.element.accepted:
+            converted = natural.astype(dtype)
+            if np.array_equal(converted, natural):
+                return converted
+        raise ValueRangeError(
+            f"{self._where()}; got {describe_value(value)} with values out of range for "
+            f"{self.element.mlir}."
+        )
 
     def _contiguous(self, array: np.ndarray, state: CallState) -> np.ndarray:
         if descriptors.is_direct_contiguous(array):
@@ -180,6 +191,14 @@ class MemRefBinder(_BufferBinder):
     @property
     def struct_format(self) -> str:
         return descriptors.ranked_format(self.spec.rank)
+
+    def _expectation(self) -> str:
+        return _expectation(self.spec)
+
+    def _shape_fix(self, array: np.ndarray) -> str:
+        fits = array.ndim == self.spec.rank and all(
+            want is None or want == have for want, have in zip(self.spec.shape, array.shape))
+        return "" if fits else f" with shape {_shape_hint(self.spec.shape)}"
 
     def _check_shape(self, array: np.ndarray) -> None:
         spec = self.spec

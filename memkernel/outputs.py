@@ -95,12 +95,19 @@ class OutputAllocator:
             "the inputs of that shape pattern disagree: " + ", ".join(str(s) for s in sorted(like))
             if like else "no input has that shape pattern"
         )
-        example = ", ".join("n" if d is None else str(d) for d in spec.shape)
         raise ShapeError(
             f"{self.kernel}(): cannot derive the shape of output '{name}' ({spec.mlir}): {reason}. "
-            f"Return its shape from the decorated function (e.g. `return ({example},)`), "
+            f"Return the output shapes from the decorated function (e.g. `return {self._example()}`), "
             f"or pass out=."
         )
+
+    def _example(self) -> str:
+        """A value for the decorated function to return that gives every output's shape."""
+        shapes = []
+        for _, spec in self.outputs:
+            dims = ["n" if d is None else str(d) for d in getattr(spec, "shape", ("n",))]
+            shapes.append(f"({dims[0]},)" if len(dims) == 1 else f"({', '.join(dims)})")
+        return shapes[0] if len(shapes) == 1 else f"({', '.join(shapes)})"
 
     def _check(self, name: str, spec: MemRefSpec, shape: tuple[int, ...]) -> None:
         wrong = len(shape) != spec.rank or any(d < 0 for d in shape) or any(
