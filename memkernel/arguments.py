@@ -16,7 +16,7 @@ import numpy as np
 
 from . import descriptors, scalars
 from .descriptors import contiguous_strides, data_pointer, element_strides
-from .dtypes import ElementType, describe_dtype
+from .dtypes import ElementType, describe_dtype, dtype_expression
 from .errors import ArgumentError, ShapeError, ValueRangeError
 from .signature import ArgSpec, MemRefSpec, ScalarSpec, UnrankedSpec
 
@@ -135,12 +135,12 @@ class _BufferBinder(Binder):
         if not array.dtype.isnative:
             raise ArgumentError(
                 f"{self._where()}; got {describe_value(array)}. Pass "
-                f"{self.name}.astype(np.{self.element.dtype.name}) to get native byte order."
+                f"{self.name}.astype({dtype_expression(self.element.dtype)}) to get native byte order."
             )
         if not self.element.accepts(array.dtype):
             raise ArgumentError(
                 f"{self._where()} ({self._expectation()}); got {describe_value(array)}. "
-                f"Pass {self.name}.astype(np.{self.element.dtype.name}){self._shape_fix(array)}."
+                f"Pass {self.name}.astype({dtype_expression(self.element.dtype)}){self._shape_fix(array)}."
             )
         if not array.flags.writeable and (self.is_output or self.may_write):
             where = "as out=" if self.is_output else "for an argument the kernel may write"
@@ -167,6 +167,15 @@ class _BufferBinder(Binder):
                 f"{self.element.dtype.name} without changing its values. Pass a numpy array of "
                 f"dtype {self.element.dtype.name}."
             )
+        if self.element.kind in ("float", "complex"):
+            with np.errstate(over="ignore", invalid="ignore"):
+                converted = natural.astype(self.element.dtype)
+            if np.any(np.isfinite(natural) & ~np.isfinite(converted)):
+                raise ValueRangeError(
+                    f"{self._where()}; got {describe_value(value)} with values that overflow "
+                    f"{self.element.mlir}."
+                )
+            return converted
         if natural.dtype.kind not in "iu" or self.element.kind != "int":
             return natural.astype(self.element.dtype)
         # Integers: the first accepted dtype that holds every value (a signless type takes either sign).

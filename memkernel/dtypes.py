@@ -43,6 +43,7 @@ _ML_DTYPES_NAMES = {
     "f8E8M0FNU": "float8_e8m0fnu",
 }
 
+ML_DTYPES_TYPE_NAMES = frozenset(_ML_DTYPES_NAMES.values())
 F8_NAMES = frozenset(name for name in _ML_DTYPES_NAMES if name.startswith("f8"))
 
 _UNSIGNED_BITS_FORMAT = {1: "B", 2: "H", 4: "I", 8: "Q"}
@@ -150,6 +151,12 @@ def element_type(t: ir.Type) -> ElementType | None:
         dtype = ml_dtypes_dtype(name)
         return _native(name, dtype, "float", _UNSIGNED_BITS_FORMAT[dtype.itemsize])
     return None
+
+
+def dtype_expression(dtype: np.dtype) -> str:
+    """How to write ``dtype`` in code: ``np.float32``, ``ml_dtypes.bfloat16``."""
+    module = "ml_dtypes" if dtype.name in ML_DTYPES_TYPE_NAMES else "np"
+    return f"{module}.{dtype.name}"
 
 
 def describe_dtype(dtype: np.dtype) -> str:

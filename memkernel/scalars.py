@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import ElementType
+from .dtypes import ML_DTYPES_TYPE_NAMES, ElementType
 
 _UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
@@ -54,24 +54,34 @@ def _encode_int(value: Any, element: ElementType) -> tuple[int, ...]:
     return (number & ((1 << (8 * element.itemsize)) - 1),)
 
 
+def _is_number(value: Any, element: ElementType) -> bool:
+    """Python and numpy numbers, ml_dtypes scalars included; complex only for complex types."""
+    complex_ok = element.kind == "complex"
+    if isinstance(value, np.generic):
+        if value.dtype.name in ML_DTYPES_TYPE_NAMES:
+            return True
+        return value.dtype.kind in ("biufc" if complex_ok else "biuf")
+    return isinstance(value, numbers.Complex if complex_ok else numbers.Real)
+
+
 def _encode_inexact(value: Any, element: ElementType) -> tuple[Any, ...]:
-    allowed: tuple[type, ...] = (numbers.Real, np.bool_)
-    if element.kind == "complex":
-        allowed = (numbers.Complex, np.bool_)
-    if not isinstance(value, allowed) or isinstance(value, str):
+    if not _is_number(value, element):
         raise ScalarValueError(
             f"expects a {'complex' if element.kind == 'complex' else 'real'} number for "
             f"{element.mlir}, got {type(value).__name__}",
             is_type_error=True,
         )
-    with np.errstate(over="ignore", invalid="ignore"):
-        converted = np.asarray(value).astype(element.dtype)
-    if element.kind == "complex":
-        parts = (complex(value).real, complex(value).imag)
-        got = (float(converted.real), float(converted.imag))
-    else:
-        parts = (float(value),)
-        got = (float(converted),)
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):
+            converted = np.asarray(value).astype(element.dtype)
+        if element.kind == "complex":
+            parts = (complex(value).real, complex(value).imag)
+            got = (float(converted.real), float(converted.imag))
+        else:
+            parts = (float(value),)
+            got = (float(converted),)
+    except OverflowError:
+        raise ScalarValueError(f"value {value!r} overflows {element.mlir}", is_type_error=False) from None
     for want, have in zip(parts, got):
         if np.isfinite(want) and not np.isfinite(have):
             raise ScalarValueError(f"value {value!r} overflows {element.mlir}", is_type_error=False)
