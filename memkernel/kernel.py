@@ -33,13 +33,6 @@ _PARAMETER = inspect.Parameter
 class _TypeText(str):
     """An annotation that shows as the MLIR type text, unquoted, in signatures."""
 
-    def __get__(self, instance: object, owner: type | None = None) -> Kernel:
-        """A kernel in a class body stays a plain function of its arguments, like a staticmethod.
-
-        Being a descriptor also makes ``help(kernel)`` document it as a routine, with its signature.
-        """
-        return self
-
     def __repr__(self) -> str:
         return str(self)
 
