@@ -82,6 +82,8 @@ def _convertible(source: np.dtype, element: ElementType) -> bool:
 class Binder:
     """Checks and converts one argument. ``name`` is how messages call it."""
 
+    is_writable_target = False
+
     def __init__(self, kernel: str, name: str, spec: ArgSpec) -> None:
         self.kernel = kernel
         self.name = name
@@ -119,11 +121,12 @@ class _BufferBinder(Binder):
         self.element = spec.element
         self.may_write = may_write
         self.is_output = is_output
+        self.is_writable_target = may_write or is_output
 
     def _array(self, value: Any, state: CallState) -> np.ndarray:
         if isinstance(value, np.ndarray) and not isinstance(value, np.ma.MaskedArray):
             array = value
-        elif self.is_output or self.may_write or isinstance(value, np.ma.MaskedArray):
+        elif self.is_writable_target or isinstance(value, np.ma.MaskedArray):
             why = "an output" if self.is_output else "an argument the kernel may write"
             raise ArgumentError(
                 f"{self._where()}; got {describe_value(value)}. It is {why}, so pass a writable "
@@ -142,7 +145,7 @@ class _BufferBinder(Binder):
                 f"{self._where()} ({self._expectation()}); got {describe_value(array)}. "
                 f"Pass {self.name}.astype({dtype_expression(self.element.dtype)}){self._shape_fix(array)}."
             )
-        if not array.flags.writeable and (self.is_output or self.may_write):
+        if not array.flags.writeable and self.is_writable_target:
             where = "as out=" if self.is_output else "for an argument the kernel may write"
             raise ArgumentError(
                 f"{self._where()}; got a read-only array {describe_value(array)} {where}. "
@@ -191,7 +194,7 @@ class _BufferBinder(Binder):
     def _contiguous(self, array: np.ndarray, state: CallState) -> np.ndarray:
         if descriptors.is_direct_contiguous(array):
             return array
-        return state.copy_of(array, descriptors.contiguous_copy, self.is_output or self.may_write)
+        return state.copy_of(array, descriptors.contiguous_copy, self.is_writable_target)
 
 
 class MemRefBinder(_BufferBinder):
@@ -233,7 +236,7 @@ class MemRefBinder(_BufferBinder):
             return (pointer, pointer, 0, *array.shape, *contiguous_strides(array.shape))
         strides = self._layout_strides(array)
         if strides is None:
-            array = state.copy_of(array, self._realizing_copy, self.is_output or self.may_write)
+            array = state.copy_of(array, self._realizing_copy, self.is_writable_target)
             strides = self._layout_strides(array)
             assert strides is not None
         pointer = data_pointer(array)

@@ -11,20 +11,26 @@ from mlir.execution_engine import ExecutionEngine
 from . import libraries
 from .diagnostics import capture_c_stderr
 from .errors import CompileError
+from .jit import engine_symbol
 from .pipeline import Pipeline, lower
 from .source import ParsedSource
+from .thunk import FastPath, attach
 
 
 @dataclass
 class CompiledFunction:
-    """A JIT-compiled kernel: the engine that owns the code and the packed entry point.
+    """A JIT-compiled kernel: the engine that owns the code and its entry points.
 
     ``address`` is ``_mlir__mlir_ciface_<name>(void** args)``: ``args[i]`` points at
     argument ``i`` (a memref argument is a pointer to its descriptor).
+    ``fast_address`` and ``consts_address`` are the fast path's function and
+    constants table (see :mod:`memkernel.thunk`), 0 when it has none.
     """
 
     engine: ExecutionEngine
     address: int
+    fast_address: int = 0
+    consts_address: int = 0
 
 
 def external_functions(module: ir.Module) -> list[str]:
@@ -47,11 +53,17 @@ def compile_function(
     pipeline: Pipeline,
     opt_level: int,
     shared_libs: Sequence[str],
+    fast: FastPath | None = None,
 ) -> CompiledFunction:
-    """Lower ``parsed`` in place with ``pipeline`` and JIT it; CompileError with MLIR's diagnostics on failure."""
+    """Lower ``parsed`` in place with ``pipeline`` and JIT it; CompileError with MLIR's diagnostics on failure.
+
+    ``fast``, when given, is compiled into the same module (if the lowered
+    signature allows it).
+    """
     with parsed.context, ir.Location.unknown():
         parsed.function(name).attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
         lower(parsed.module, pipeline, parsed.text)
+        with_fast = fast is not None and attach(parsed.module, fast, name)
         added, unresolved = libraries.libraries_for(external_functions(parsed.module), shared_libs)
         if unresolved:
             raise CompileError(
@@ -74,4 +86,8 @@ def compile_function(
                 f"JIT compilation of @{name} failed: its code did not link. A function it calls "
                 "may be missing: pass the library that defines it in shared_libs=.", stderr[0]))
         engine.initialize()
-        return CompiledFunction(engine, address)
+        if not with_fast:
+            return CompiledFunction(engine, address)
+        assert fast is not None
+        return CompiledFunction(engine, address, engine_symbol(engine, fast.function),
+                                engine_symbol(engine, fast.consts))

@@ -16,16 +16,21 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import libraries
+import numpy as np
+
+from . import libraries, pyabi
 from .arguments import Binder, MemRefBinder, ScalarBinder, UnrankedBinder
 from .compiler import CompiledFunction, compile_function
 from .effects import written_arguments
 from .errors import ArgumentError, SignatureError
+from .fastcall import FastFunction
+from .invoke import Invoker, invoker
 from .outputs import OutputAllocator
 from .pipeline import Pipeline, check_before_lowering, parse_pipeline
 from .plan import CallPlan
 from .signature import ArgSpec, MemRefSpec, ScalarSpec, Signature, UnrankedSpec, read_signature
 from .source import ParsedSource, parse_source
+from .thunk import FastArgument, FastPath, fast_path
 
 _PARAMETER = inspect.Parameter
 
@@ -83,7 +88,9 @@ class Kernel:
         self._params = self._python_parameters(function)
         self._binders = self._make_binders(written)
         self.__signature__ = self._python_signature()
-        self._plan: CallPlan | None = None
+        self._arity = len(self._params)
+        self._n_outputs = len(self.mlir_signature.args) - self._arity
+        self._invoke: Invoker | None = None
         self._compiled: CompiledFunction | None = None
         self._lock = threading.Lock()
 
@@ -148,18 +155,39 @@ class Kernel:
 
     # -- compilation ---------------------------------------------------------------
 
+    def _fast_path(self) -> FastPath | None:
+        if not pyabi.fast_path_supported():
+            return None
+        n = len(self._params)
+        arguments = [
+            FastArgument(spec, i >= n, i - n if i >= n else i, binder.is_writable_target)
+            for i, (spec, binder) in enumerate(zip(self.mlir_signature.args, self._binders))
+        ]
+        return fast_path(self._name, arguments, self.mlir_signature.results)
+
     def compile(self) -> Kernel:
         """JIT-compile now rather than at the first call; returns the kernel. Raises CompileError."""
-        if self._plan is None:
+        if self._invoke is None:
             with self._lock:
-                if self._plan is None:
-                    # Lower a fresh parse: a failed attempt must not leave a half-lowered module behind.
-                    compiled = compile_function(parse_source(self._parsed.text), self._name,
-                                                self._pipeline, self._opt_level, self._shared_libs)
-                    self._compiled = compiled
-                    self._plan = CallPlan(self._binders, self.mlir_signature.results,
-                                          compiled.address, compiled)
+                if self._invoke is None:
+                    self._invoke = self._compile()
         return self
+
+    def _compile(self) -> Invoker:
+        fast_spec = self._fast_path()
+        # Lower a fresh parse: a failed attempt must not leave a half-lowered module behind.
+        compiled = compile_function(parse_source(self._parsed.text), self._name, self._pipeline,
+                                    self._opt_level, self._shared_libs, fast_spec)
+        self._compiled = compiled
+        results = self.mlir_signature.results
+        plan = CallPlan(self._binders, results, compiled.address, compiled)
+        fast = None
+        if compiled.fast_address and fast_spec is not None:
+            fast = FastFunction(compiled.fast_address, compiled.consts_address, fast_spec, results)
+        return invoker(plan, fast, self._n_outputs, bool(results))
+
+    def _allocate(self, values: tuple[Any, ...]) -> tuple[Any, ...]:
+        return self._allocator.allocate_all(values)
 
     @functools.cached_property
     def _allocator(self) -> OutputAllocator:
@@ -174,10 +202,8 @@ class Kernel:
     def _argument_error(self, message: str) -> ArgumentError:
         return ArgumentError(f"{self._name}{self.__signature__}: {message}")
 
-    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         params = self._params
-        if not kwargs and len(args) == len(params):
-            return list(args)
         if len(args) > len(params):
             raise self._argument_error(f"takes {len(params)} positional arguments but {len(args)} were given")
         values = list(args)
@@ -195,33 +221,35 @@ class Kernel:
             if twice:
                 raise self._argument_error(f"got multiple values for argument '{twice[0]}'")
             raise self._argument_error(f"got an unexpected keyword argument '{unknown[0]}'")
-        return values
+        return tuple(values)
 
-    def _given_outputs(self, out: Any) -> list[Any]:
-        count = len(self.mlir_signature.args) - len(self._params)
-        if out is None:
-            return [None] * count
+    def _outputs(self, values: tuple[Any, ...], out: Any) -> tuple[Any, ...]:
+        """The output arrays: those of ``out=`` (not None), the others allocated."""
+        count = self._n_outputs
         if count == 0:
             raise self._argument_error("takes no out=: the kernel has no output arguments")
-        if isinstance(out, tuple):
+        if type(out) is tuple:
             if len(out) != count:
                 raise self._argument_error(f"out= must hold {count} entries, one per output; got {len(out)}")
-            return list(out)
-        if count > 1:
+            given = out
+        elif count > 1:
             raise self._argument_error(f"has {count} outputs: pass out= as a tuple of {count} arrays (or None)")
-        return [out]
+        else:
+            given = (out,)
+        return self._allocator.allocate(values, given) if any(g is None for g in given) else given
 
     def __call__(self, *args: Any, out: Any = None, **kwargs: Any) -> Any:
-        values = self._bind(args, kwargs)
-        given = self._given_outputs(out)
-        plan = self._plan or self.compile()._plan
-        assert plan is not None
-        outputs = self._allocator.allocate(values, given) if given else []
-        results = plan.call(values + outputs)
-        returned = (*outputs, *results)
-        if not returned:
-            return None
-        return returned[0] if len(returned) == 1 else returned
+        if kwargs or len(args) != self._arity:
+            args = self._bind(args, kwargs)
+        if out is None:
+            outputs = self._allocate(args) if self._n_outputs else ()
+        elif type(out) is np.ndarray and self._n_outputs == 1:
+            outputs = (out,)
+        else:
+            outputs = self._outputs(args, out)
+        invoke = self._invoke or self.compile()._invoke
+        assert invoke is not None
+        return invoke(args, outputs)
 
     def __get__(self, instance: object, owner: type | None = None) -> Kernel:
         """A kernel in a class body stays a plain function of its arguments, like a staticmethod.

@@ -42,33 +42,59 @@ class OutputAllocator:
     ) -> None:
         self.kernel = kernel
         self.outputs = tuple(outputs)
-        self.inputs = tuple(inputs)
         self.shape_function = shape_function
+        # Per output: its static shape (None if it has a `?` dim) and the inputs of its shape pattern.
+        self._static = tuple(
+            spec.shape if isinstance(spec, MemRefSpec) and None not in spec.shape else None
+            for _, spec in self.outputs
+        )
+        self._dtypes = tuple(spec.element.dtype for _, spec in self.outputs)
+        self._like = tuple(
+            tuple(j for j, input_spec in inputs if isinstance(spec, MemRefSpec) and input_spec.same_pattern(spec))
+            for _, spec in self.outputs
+        )
 
-    def allocate(self, values: Sequence[Any], given: Sequence[Any]) -> list[Any]:
-        """The arrays for every output: ``given[i]`` where not None, else a new zeroed array."""
+    def allocate_all(self, values: Sequence[Any]) -> tuple[Any, ...]:
+        """New zeroed arrays for every output (the call gave no ``out=``); one output is the quick case."""
+        if len(self.outputs) == 1:
+            static = self._static[0]
+            if static is not None:
+                return (np.zeros(static, dtype=self._dtypes[0]),)
+            returned = self.shape_function(*values)
+            shape = self._like_shape(0, values) if returned is None else None
+            if shape is not None:
+                return (np.zeros(shape, dtype=self._dtypes[0]),)
+            return self.allocate(values, (None,), self._normalized(returned))
+        return self.allocate(values, (None,) * len(self.outputs))
+
+    def allocate(self, values: Sequence[Any], given: Sequence[Any], returned: Any = _NOT_CALLED) -> tuple[Any, ...]:
+        """The arrays for every output: ``given[i]`` where not None, else a new zeroed array.
+
+        ``returned`` is what the decorated function returned, normalized, if it was already called.
+        """
         arrays = list(given)
-        returned: Any = _NOT_CALLED
         for i, (name, spec) in enumerate(self.outputs):
             if arrays[i] is not None:
+                continue
+            static = self._static[i]
+            if static is not None:
+                arrays[i] = np.zeros(static, dtype=spec.element.dtype)
                 continue
             if isinstance(spec, UnrankedSpec):
                 raise ShapeError(
                     f"{self.kernel}(): output '{name}' is {spec.mlir}, whose rank is unknown, so "
                     f"memkernel cannot allocate it. Pass out= with an array of dtype {spec.element.dtype.name}."
                 )
-            if None in spec.shape:
-                if returned is _NOT_CALLED:
-                    returned = self._returned_shapes(values)
-                shape = self._shape(i, name, spec, returned[i], values)
-            else:
-                shape = spec.shape
-            arrays[i] = np.zeros(shape, dtype=spec.element.dtype)
-        return arrays
+            if returned is _NOT_CALLED:
+                returned = self._returned_shapes(values)
+            arrays[i] = np.zeros(self._shape(i, name, spec, returned[i], values), dtype=spec.element.dtype)
+        return tuple(arrays)
 
     def _returned_shapes(self, values: Sequence[Any]) -> tuple[Any, ...]:
         """What the decorated function returns, one entry (a shape or None) per output."""
-        returned = self.shape_function(*values)
+        return self._normalized(self.shape_function(*values))
+
+    def _normalized(self, returned: Any) -> tuple[Any, ...]:
         count = len(self.outputs)
         if returned is None:
             return (None,) * count
@@ -88,9 +114,10 @@ class OutputAllocator:
             shape = tuple(operator.index(d) for d in returned)
             self._check(name, spec, shape)
             return shape
-        like = {tuple(np.shape(values[j])) for j, input_spec in self.inputs if input_spec.same_pattern(spec)}
-        if len(like) == 1:
-            return like.pop()
+        shape = self._like_shape(i, values)
+        if shape is not None:
+            return shape
+        like = {tuple(np.shape(values[j])) for j in self._like[i]}
         reason = (
             "the inputs of that shape pattern disagree: " + ", ".join(str(s) for s in sorted(like))
             if like else "no input has that shape pattern"
@@ -100,6 +127,18 @@ class OutputAllocator:
             f"Return the output shapes from the decorated function (e.g. `return {self._example()}`), "
             f"or pass out=."
         )
+
+    def _like_shape(self, i: int, values: Sequence[Any]) -> tuple[int, ...] | None:
+        """The shape shared by every input of output ``i``'s shape pattern; None if none or they disagree."""
+        shape = None
+        for j in self._like[i]:
+            value = values[j]
+            found = value.shape if type(value) is np.ndarray else tuple(np.shape(value))
+            if shape is None:
+                shape = found
+            elif found != shape:
+                return None
+        return shape
 
     def _example(self) -> str:
         """A value for the decorated function to return that gives every output's shape."""

@@ -15,8 +15,8 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
-from . import scalars
 from .arguments import Binder, CallState, MemRefBinder, UnrankedBinder
+from .results import ResultReader
 from .signature import ScalarSpec
 
 _WORD = 8
@@ -25,18 +25,6 @@ _ENTRY = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 def _align(offset: int, alignment: int) -> int:
     return -(-offset // alignment) * alignment
-
-
-def _result_layout(results: Sequence[ScalarSpec]) -> tuple[str, int]:
-    """``struct`` format (with padding) and size of the LLVM struct that holds several results."""
-    fmt, offset, widest = "", 0, 1
-    for result in results:
-        element = result.element
-        padded = _align(offset, element.alignment)
-        fmt += "x" * (padded - offset) + element.struct_format
-        offset = padded + element.itemsize
-        widest = max(widest, element.alignment)
-    return fmt, _align(offset, widest)
 
 
 class _Frame:
@@ -56,12 +44,12 @@ class CallPlan:
     def __init__(self, binders: Sequence[Binder], results: Sequence[ScalarSpec], address: int,
                  keep_alive: Any) -> None:
         self.binders = tuple(binders)
-        self.results = tuple(results)
+        self._reader = ResultReader(results)
         self._function = _ENTRY(address)
         self._keep_alive = keep_alive
         self._frames: list[_Frame] = []
 
-        struct_result = len(results) > 1 or (len(results) == 1 and results[0].element.kind == "complex")
+        struct_result = self._reader.is_struct
         n_slots = len(binders) + (1 if results else 0)
         first_arg_slot = 1 if struct_result else 0
         offset = n_slots * _WORD
@@ -95,30 +83,19 @@ class CallPlan:
 
         # Results: one value stored through the trailing slot, or an LLVM struct through the first.
         self._results_offset = _align(offset, 16)
-        result_fmt, result_size = _result_layout(results)
-        self._results_struct = struct.Struct("<" + result_fmt)
         if struct_result:
             assert result_pointer is not None
             pointer_slots.append((0, result_pointer))
             pointer_slots.append((result_pointer, self._results_offset))
         elif results:
             pointer_slots.append((len(binders) * _WORD, self._results_offset))
-        self.frame_size = self._results_offset + max(result_size, _WORD)
+        self.frame_size = self._results_offset + self._reader.size
         self.pointer_slots = tuple(pointer_slots)
-
-    def _decode(self, frame: _Frame) -> tuple[Any, ...]:
-        raw = self._results_struct.unpack_from(frame.buffer, self._results_offset)
-        decoded = []
-        position = 0
-        for result in self.results:
-            width = 2 if result.element.kind == "complex" else 1
-            decoded.append(scalars.decode(raw[position:position + width], result.element))
-            position += width
-        return tuple(decoded)
 
     def call(self, values: Sequence[Any]) -> tuple[Any, ...]:
         """Run the kernel on ``values`` (one per MLIR argument); return its decoded results."""
         state = CallState()
+        results_wanted = bool(self._reader.results)
         packed: list[Any] = []
         for binder, value in zip(self.binders, values):
             packed.extend(binder.bind(value, state))
@@ -129,7 +106,7 @@ class CallPlan:
         try:
             self._values.pack_into(frame.buffer, self._values_offset, *packed)
             self._function(frame.address)
-            results = self._decode(frame) if self.results else ()
+            results = self._reader.read(frame.buffer, self._results_offset) if results_wanted else ()
         finally:
             self._frames.append(frame)
         state.finish()
