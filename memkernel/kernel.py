@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 
 from . import libraries, pyabi
-from .arguments import Binder, MemRefBinder, ScalarBinder, UnrankedBinder
+from .arguments import Binder, CallState, MemRefBinder, ScalarBinder, UnrankedBinder
 from .compiler import CompiledFunction, compile_function
 from .effects import written_arguments
-from .errors import ArgumentError, SignatureError
+from .errors import ArgumentError, ShapeError, SignatureError
 from .fastcall import FastFunction
 from .invoke import Invoker, invoker
 from .outputs import OutputAllocator
@@ -223,6 +223,12 @@ class Kernel:
             raise self._argument_error(f"got an unexpected keyword argument '{unknown[0]}'")
         return tuple(values)
 
+    def _check_inputs(self, values: tuple[Any, ...]) -> None:
+        """Raise the error of the first wrong input: it explains an output shape that cannot be derived."""
+        state = CallState()
+        for binder, value in zip(self._binders, values):
+            binder.bind(value, state)
+
     def _outputs(self, values: tuple[Any, ...], out: Any) -> tuple[Any, ...]:
         """The output arrays: those of ``out=`` (not None), the others allocated."""
         count = self._n_outputs
@@ -241,12 +247,16 @@ class Kernel:
     def __call__(self, *args: Any, out: Any = None, **kwargs: Any) -> Any:
         if kwargs or len(args) != self._arity:
             args = self._bind(args, kwargs)
-        if out is None:
-            outputs = self._allocate(args) if self._n_outputs else ()
-        elif type(out) is np.ndarray and self._n_outputs == 1:
-            outputs = (out,)
-        else:
-            outputs = self._outputs(args, out)
+        try:
+            if out is None:
+                outputs = self._allocate(args) if self._n_outputs else ()
+            elif type(out) is np.ndarray and self._n_outputs == 1:
+                outputs = (out,)
+            else:
+                outputs = self._outputs(args, out)
+        except ShapeError:
+            self._check_inputs(args)
+            raise
         invoke = self._invoke or self.compile()._invoke
         assert invoke is not None
         return invoke(args, outputs)
