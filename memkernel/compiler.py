@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -11,7 +13,8 @@ from mlir.execution_engine import ExecutionEngine
 from . import libraries
 from .diagnostics import capture_c_stderr
 from .errors import CompileError
-from .jit import engine_symbol
+from .cache import Entry
+from .jit import LoadedObject, engine_symbol
 from .pipeline import Pipeline, lower
 from .source import ParsedSource
 from .thunk import FastPath, attach
@@ -19,18 +22,42 @@ from .thunk import FastPath, attach
 
 @dataclass
 class CompiledFunction:
-    """A JIT-compiled kernel: the engine that owns the code and its entry points.
+    """A compiled kernel: what owns the code, and its entry points.
 
+    ``owner`` is the ExecutionEngine (or, for a cached kernel, the
+    :class:`~memkernel.jit.LoadedObject`) that keeps the code mapped.
     ``address`` is ``_mlir__mlir_ciface_<name>(void** args)``: ``args[i]`` points at
     argument ``i`` (a memref argument is a pointer to its descriptor).
     ``fast_address`` and ``consts_address`` are the fast path's function and
     constants table (see :mod:`memkernel.thunk`), 0 when it has none.
+    ``entry`` is what the disk cache stores: the object code and its libraries.
     """
 
-    engine: ExecutionEngine
+    owner: object
     address: int
-    fast_address: int = 0
-    consts_address: int = 0
+    fast_address: int
+    consts_address: int
+    entry: Entry | None
+
+
+def load_function(entry: Entry, name: str, fast: FastPath | None) -> CompiledFunction:
+    """A kernel from a disk cache entry, linked without running MLIR or LLVM codegen.
+
+    Raises ObjectLoadError if LLVM cannot load or link it.
+    """
+    loaded = LoadedObject(entry.code, entry.libraries)
+    address = loaded.symbol(f"_mlir__mlir_ciface_{name}")
+    if fast is None or not entry.fast:
+        return CompiledFunction(loaded, address, 0, 0, entry)
+    return CompiledFunction(loaded, address, loaded.symbol(fast.function), loaded.symbol(fast.consts), entry)
+
+
+def _object_code(engine: ExecutionEngine) -> bytes:
+    with tempfile.TemporaryDirectory(prefix="memkernel-") as folder:
+        path = os.path.join(folder, "kernel.o")
+        engine.dump_to_object_file(path)
+        with open(path, "rb") as dumped:
+            return dumped.read()
 
 
 def external_functions(module: ir.Module) -> list[str]:
@@ -54,11 +81,13 @@ def compile_function(
     opt_level: int,
     shared_libs: Sequence[str],
     fast: FastPath | None = None,
+    keep_object: bool = False,
 ) -> CompiledFunction:
     """Lower ``parsed`` in place with ``pipeline`` and JIT it; CompileError with MLIR's diagnostics on failure.
 
     ``fast``, when given, is compiled into the same module (if the lowered
-    signature allows it).
+    signature allows it). With ``keep_object`` the result carries the object
+    code for the disk cache.
     """
     with parsed.context, ir.Location.unknown():
         parsed.function(name).attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
@@ -86,8 +115,9 @@ def compile_function(
                 f"JIT compilation of @{name} failed: its code did not link. A function it calls "
                 "may be missing: pass the library that defines it in shared_libs=.", stderr[0]))
         engine.initialize()
+        entry = Entry(_object_code(engine), libs, with_fast) if keep_object else None
         if not with_fast:
-            return CompiledFunction(engine, address)
+            return CompiledFunction(engine, address, 0, 0, entry)
         assert fast is not None
         return CompiledFunction(engine, address, engine_symbol(engine, fast.function),
-                                engine_symbol(engine, fast.consts))
+                                engine_symbol(engine, fast.consts), entry)

@@ -10,6 +10,7 @@ Python arguments, allocates the outputs, and runs the plan.
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 import os
 import threading
@@ -18,13 +19,15 @@ from typing import Any
 
 import numpy as np
 
+from . import cache as kernel_cache
 from . import libraries, pyabi
 from .arguments import Binder, CallState, MemRefBinder, ScalarBinder, UnrankedBinder
-from .compiler import CompiledFunction, compile_function
+from .compiler import CompiledFunction, compile_function, load_function
 from .effects import written_arguments
 from .errors import ArgumentError, ShapeError, SignatureError
 from .fastcall import FastFunction
 from .invoke import Invoker, invoker
+from .jit import ObjectLoadError
 from .outputs import OutputAllocator
 from .pipeline import Pipeline, check_before_lowering, parse_pipeline
 from .plan import CallPlan
@@ -69,6 +72,7 @@ class Kernel:
         pipeline: str | None,
         opt_level: int,
         shared_libs: Sequence[str | os.PathLike[str]],
+        cache: bool,
     ) -> None:
         functools.update_wrapper(self, function)
         self.__dict__.pop("__wrapped__", None)
@@ -78,6 +82,7 @@ class Kernel:
         if not isinstance(opt_level, int) or not 0 <= opt_level <= 3:
             raise ValueError(f"opt_level must be 0, 1, 2 or 3, got {opt_level!r}")
         self._opt_level = opt_level
+        self._cache = cache
         self._shared_libs = libraries.resolve_libraries(os.fspath(lib) for lib in shared_libs)
         self._parsed: ParsedSource = parse_source(source)
         with self._parsed.context:
@@ -175,9 +180,7 @@ class Kernel:
 
     def _compile(self) -> Invoker:
         fast_spec = self._fast_path()
-        # Lower a fresh parse: a failed attempt must not leave a half-lowered module behind.
-        compiled = compile_function(parse_source(self._parsed.text), self._name, self._pipeline,
-                                    self._opt_level, self._shared_libs, fast_spec)
+        compiled = self._compiled_function(fast_spec)
         self._compiled = compiled
         results = self.mlir_signature.results
         plan = CallPlan(self._binders, results, compiled.address, compiled)
@@ -185,6 +188,39 @@ class Kernel:
         if compiled.fast_address and fast_spec is not None:
             fast = FastFunction(compiled.fast_address, compiled.consts_address, fast_spec, results)
         return invoker(plan, fast, self._n_outputs, bool(results))
+
+    def _compiled_function(self, fast_spec: FastPath | None) -> CompiledFunction:
+        """The compiled kernel: from this process's cache, from the disk cache, or compiled now."""
+
+        def compile_now(keep_object: bool) -> CompiledFunction:
+            # Lower a fresh parse: a failed attempt must not leave a half-lowered module behind.
+            return compile_function(parse_source(self._parsed.text), self._name, self._pipeline,
+                                    self._opt_level, self._shared_libs, fast_spec, keep_object)
+
+        if not self._cache:
+            return compile_now(False)
+        key = kernel_cache.CacheKey.of(
+            source=hashlib.sha256(self._parsed.text.encode()).hexdigest(),
+            function=self._name,
+            pipeline=self._pipeline.describe(),
+            opt_level=self._opt_level,
+            shared_libs=list(self._shared_libs),
+            fast_path=hashlib.sha256(fast_spec.text.encode()).hexdigest() if fast_spec else None,
+        )
+        compiled = kernel_cache.remembered(key)
+        if compiled is not None:
+            return compiled
+        entry = kernel_cache.load(key)
+        if entry is not None:
+            try:
+                compiled = load_function(entry, self._name, fast_spec)
+            except ObjectLoadError:
+                compiled = None
+        if compiled is None:
+            compiled = compile_now(kernel_cache.directory() is not None)
+            if compiled.entry is not None:
+                kernel_cache.store(key, compiled.entry)
+        return kernel_cache.remember(key, compiled)
 
     def _allocate(self, values: tuple[Any, ...]) -> tuple[Any, ...]:
         return self._allocator.allocate_all(values)
@@ -279,6 +315,7 @@ def mlir_kernel(
     pipeline: str | None = None,
     opt_level: int = 3,
     shared_libs: Sequence[str | os.PathLike[str]] = (),
+    cache: bool = True,
 ) -> Callable[[Callable[..., Any]], Kernel]:
     """Turn a Python function into a call of the MLIR ``func.func`` it names.
 
@@ -294,6 +331,9 @@ def mlir_kernel(
     ``pipeline`` is a preset name (``"default"``) or a pass pipeline;
     ``opt_level`` the LLVM optimization level (0-3); ``shared_libs`` paths or
     names (``"mlir_c_runner_utils"``) of libraries the kernel calls into.
+    With ``cache`` (the default) a kernel compiles once per process and is
+    kept on disk for later processes (see :mod:`memkernel.cache`);
+    ``cache=False`` always compiles afresh.
 
     Raises MLIRSyntaxError, SignatureError or CompileError (a bad pipeline or
     library) at decoration; the returned :class:`Kernel` raises ArgumentError,
@@ -302,7 +342,7 @@ def mlir_kernel(
 
     def decorate(function: Callable[..., Any]) -> Kernel:
         return Kernel(function, source, name=name, pipeline=pipeline, opt_level=opt_level,
-                      shared_libs=shared_libs)
+                      shared_libs=shared_libs, cache=cache)
 
     return decorate
 

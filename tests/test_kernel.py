@@ -124,7 +124,8 @@ def test_compile_runs_once_for_concurrent_first_calls(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(memkernel.kernel, "compile_function", counting)
-    kernel = mlir_kernel(elementwise("arith.addf", "memref<?xf32>", "f32", 1), name="k")(lambda a, b: None)
+    kernel = mlir_kernel(elementwise("arith.addf", "memref<?xf32>", "f32", 1), name="k", cache=False)(
+        lambda a, b: None)
     x = np.arange(100, dtype=np.float32)
     barrier = threading.Barrier(4)
     results = [None] * 4
@@ -144,7 +145,8 @@ def test_compile_runs_once_for_concurrent_first_calls(monkeypatch):
 
 
 def test_compile_forces_compilation_and_returns_the_kernel(monkeypatch):
-    kernel = mlir_kernel(elementwise("arith.mulf", "memref<?xf32>", "f32", 1), name="k")(lambda a, b: None)
+    kernel = mlir_kernel(elementwise("arith.mulf", "memref<?xf32>", "f32", 1), name="k", cache=False)(
+        lambda a, b: None)
     assert kernel.compile() is kernel
     monkeypatch.setattr(memkernel.kernel, "compile_function", None)  # a second compile would fail
     np.testing.assert_array_equal(kernel(np.full(3, 2.0, np.float32), np.full(3, 3.0, np.float32)), 6.0)
