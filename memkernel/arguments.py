@@ -25,9 +25,14 @@ _ADDRESS_MASK = (1 << 64) - 1
 
 @dataclass
 class CallState:
-    """What one call keeps alive and must copy back once the kernel returns."""
+    """What one call keeps alive and must copy back once the kernel returns.
+
+    ``buffers`` maps each memref argument's allocated pointer to the array passed,
+    so that a returned memref aliasing an argument is recognised.
+    """
 
     keep: list[Any] = field(default_factory=list)
+    buffers: dict[int, np.ndarray] = field(default_factory=dict)
     copies: dict[tuple[Any, ...], np.ndarray] = field(default_factory=dict)
     copy_back: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
@@ -233,6 +238,7 @@ class MemRefBinder(_BufferBinder):
         if layout is None:
             array = self._contiguous(array, state)
             pointer = data_pointer(array)
+            state.buffers[pointer] = array
             return (pointer, pointer, 0, *array.shape, *contiguous_strides(array.shape))
         strides = self._layout_strides(array)
         if strides is None:
@@ -242,6 +248,7 @@ class MemRefBinder(_BufferBinder):
         pointer = data_pointer(array)
         offset = layout.offset or 0
         aligned = (pointer - offset * array.itemsize) & _ADDRESS_MASK
+        state.buffers[aligned] = array
         return (aligned, aligned, offset, *array.shape, *strides)
 
     def _layout_strides(self, array: np.ndarray) -> tuple[int, ...] | None:
@@ -283,6 +290,7 @@ class UnrankedBinder(_BufferBinder):
     def bind(self, value: Any, state: CallState) -> tuple[Any, ...]:
         array = self._contiguous(self._array(value, state), state)
         pointer = data_pointer(array)
+        state.buffers[pointer] = array
         fields = (pointer, pointer, 0, *array.shape, *contiguous_strides(array.shape))
         ranked = descriptors.ranked_struct(array.ndim)
         buffer = ctypes.create_string_buffer(ranked.size)

@@ -69,6 +69,21 @@ def external_functions(module: ir.Module) -> list[str]:
     ]
 
 
+def prepare_boundary(func: ir.Operation) -> None:
+    """Give the kernel a C interface, and make its tensor arguments read-only for bufferization."""
+    func.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
+    inputs = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value).inputs
+    if any(isinstance(t, (ir.RankedTensorType, ir.UnrankedTensorType)) for t in inputs):
+        existing = list(ir.ArrayAttr(func.attributes["arg_attrs"])) if "arg_attrs" in func.attributes else []
+        attrs = []
+        for i, t in enumerate(inputs):
+            entries = {a.name: a.attr for a in ir.DictAttr(existing[i])} if i < len(existing) else {}
+            if isinstance(t, (ir.RankedTensorType, ir.UnrankedTensorType)):
+                entries["bufferization.writable"] = ir.BoolAttr.get(False)
+            attrs.append(ir.DictAttr.get(entries))
+        func.attributes["arg_attrs"] = ir.ArrayAttr.get(attrs)
+
+
 def _with_stderr(message: str, stderr: str) -> str:
     stderr = stderr.strip()
     return f"{message}\nMLIR reported:\n{stderr}" if stderr else message
@@ -90,7 +105,7 @@ def compile_function(
     code for the disk cache.
     """
     with parsed.context, ir.Location.unknown():
-        parsed.function(name).attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
+        prepare_boundary(parsed.function(name))
         lower(parsed.module, pipeline, parsed.text)
         with_fast = fast is not None and attach(parsed.module, fast, name)
         added, unresolved = libraries.libraries_for(external_functions(parsed.module), shared_libs)

@@ -19,7 +19,7 @@ import numpy as np
 from . import thunk
 from .pyabi import c_function
 from .results import ResultReader
-from .signature import ScalarSpec
+from .signature import ArgSpec
 
 _METH_FASTCALL = 0x0080
 
@@ -71,7 +71,7 @@ class FastFunction:
     """Calls the fast path; None from a call means "take the checked Python path"."""
 
     def __init__(self, function_address: int, consts_address: int, fast: thunk.FastPath,
-                 results: Sequence[ScalarSpec]) -> None:
+                 results: Sequence[ArgSpec]) -> None:
         _fill_constants(consts_address, fast)
         self._dtypes = fast.dtypes  # the table holds their addresses: keep them alive
         self.raw = _new_builtin(_MethodDef(fast.function.encode(), function_address, _METH_FASTCALL, None))

@@ -117,6 +117,11 @@ class Kernel:
                 f"({', '.join(a.mlir for a in mlir_args) or 'none'})."
             )
         for i, spec in enumerate(mlir_args[len(params):], start=len(params)):
+            if getattr(spec, "tensor", False):
+                raise SignatureError(
+                    f"{self._name}(): MLIR argument #{i} ({spec.mlir}) has no Python parameter. A tensor "
+                    "argument is an input (a tensor function returns its results); add a parameter for it."
+                )
             if isinstance(spec, ScalarSpec):
                 raise SignatureError(
                     f"{self._name}(): MLIR argument #{i} ({spec.mlir}) has no Python parameter. "

@@ -2,7 +2,9 @@
 
 The ``"default"`` preset lowers what upstream CPU code uses: linalg (to loops),
 affine, scf, vector, arith, math (with libm), complex, memref (with
-``expand-strided-metadata``), index, cf, ub and func. It runs in two halves;
+``expand-strided-metadata``), index, cf, ub and func. A module with tensors is
+first bufferized (one-shot, across function boundaries, identity layouts at
+the boundary) with ownership-based deallocation of its temporaries. It runs in two halves;
 between them memkernel rewrites ``i1`` memref accesses to byte accesses (the
 LLVM 22 lowering of ``i1`` loads and stores aborts the process) and, when the
 module does arithmetic on f8 types, adds ``convert-arith-to-apfloat``.
@@ -35,6 +37,17 @@ _PRE = (
     "convert-math-to-funcs,"
     "convert-complex-to-standard,"
     "convert-scf-to-cf)"
+)
+_BUFFERIZE = (
+    "builtin.module("
+    "func.func(convert-elementwise-to-linalg),"
+    "one-shot-bufferize{bufferize-function-boundaries function-boundary-type-conversion=identity-layout-map},"
+    "ownership-based-buffer-deallocation,"
+    "canonicalize,"
+    "buffer-deallocation-simplification,"
+    "bufferization-lower-deallocations,"
+    "convert-bufferization-to-memref,"
+    "canonicalize)"
 )
 _APFLOAT = "convert-arith-to-apfloat,"
 _POST = (
@@ -86,6 +99,26 @@ def uses_f8_arithmetic(module: ir.Module) -> bool:
 
     def visit(op: ir.Operation) -> None:
         if op.name.startswith("arith.") and any(str(_element(t)) in F8_NAMES for t in _types_of(op)):
+            found.append(op.name)
+
+    _walk(module, visit)
+    return bool(found)
+
+
+def _is_tensor(t: ir.Type) -> bool:
+    return isinstance(t, (ir.RankedTensorType, ir.UnrankedTensorType))
+
+
+def uses_tensors(module: ir.Module) -> bool:
+    """Whether any op or function signature of the module has a tensor type."""
+    found: list[str] = []
+
+    def visit(op: ir.Operation) -> None:
+        types = _types_of(op)
+        if op.name == "func.func":
+            function_type = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
+            types += list(function_type.inputs) + list(function_type.results)
+        if any(_is_tensor(t) for t in types):
             found.append(op.name)
 
     _walk(module, visit)
@@ -151,6 +184,8 @@ def lower(module: ir.Module, pipeline: Pipeline, source: str) -> None:
     if pipeline.custom is not None:
         _run(pipeline.custom, module, source)
         return
+    if uses_tensors(module):
+        _run(_BUFFERIZE, module, source)
     _run(_PRE, module, source)
     i1_storage.lower_i1_accesses(module)
     apfloat = _APFLOAT if uses_f8_arithmetic(module) else ""

@@ -17,7 +17,7 @@ from typing import Any
 
 from .arguments import Binder, CallState, MemRefBinder, UnrankedBinder
 from .results import ResultReader
-from .signature import ScalarSpec
+from .signature import ArgSpec
 
 _WORD = 8
 _ENTRY = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
@@ -39,9 +39,9 @@ class _Frame:
 
 
 class CallPlan:
-    """Packs arguments into a frame, calls the kernel and decodes its scalar results."""
+    """Packs arguments into a frame, calls the kernel and decodes its results."""
 
-    def __init__(self, binders: Sequence[Binder], results: Sequence[ScalarSpec], address: int,
+    def __init__(self, binders: Sequence[Binder], results: Sequence[ArgSpec], address: int,
                  keep_alive: Any) -> None:
         self.binders = tuple(binders)
         self._reader = ResultReader(results)
@@ -106,7 +106,8 @@ class CallPlan:
         try:
             self._values.pack_into(frame.buffer, self._values_offset, *packed)
             self._function(frame.address)
-            results = self._reader.read(frame.buffer, self._results_offset) if results_wanted else ()
+            results = (self._reader.read(frame.buffer, self._results_offset, state.buffers)
+                       if results_wanted else ())
         finally:
             self._frames.append(frame)
         state.finish()

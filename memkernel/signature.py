@@ -29,12 +29,18 @@ class Strided:
 
 @dataclass(frozen=True)
 class MemRefSpec:
-    """A ranked ``memref``. ``layout`` is None for the identity (contiguous row-major) layout."""
+    """A ranked ``memref``. ``layout`` is None for the identity (contiguous row-major) layout.
+
+    ``tensor`` marks a ranked ``tensor`` of a tensor function: bufferization
+    passes it as an identity-layout memref, and it is a value (never written,
+    never aliased by a result).
+    """
 
     mlir: str
     shape: tuple[int | None, ...]
     element: ElementType
     layout: Strided | None
+    tensor: bool = False
 
     @property
     def rank(self) -> int:
@@ -51,10 +57,11 @@ class MemRefSpec:
 
 @dataclass(frozen=True)
 class UnrankedSpec:
-    """A ``memref<*xT>``: any rank, always passed a contiguous buffer."""
+    """A ``memref<*xT>`` (or, with ``tensor``, a ``tensor<*xT>``): any rank, always a contiguous buffer."""
 
     mlir: str
     element: ElementType
+    tensor: bool = False
 
 
 @dataclass(frozen=True)
@@ -117,11 +124,13 @@ def spec_of(t: ir.Type, where: str) -> ArgSpec:
         if t.memory_space is not None:
             raise SignatureError(f"{where} has type {t}: memrefs in a memory space are not supported.")
         return UnrankedSpec(str(t), _element(t.element_type, where, t))
-    if isinstance(t, (ir.RankedTensorType, ir.UnrankedTensorType)):
-        raise SignatureError(
-            f"{where} has type {t}: tensor functions are not supported yet; "
-            "write the kernel on memref types."
-        )
+    if isinstance(t, ir.RankedTensorType):
+        if t.encoding is not None:
+            raise SignatureError(f"{where} has type {t}: tensors with an encoding (sparse) are not supported.")
+        shape = tuple(None if d == _DYNAMIC else d for d in t.shape)
+        return MemRefSpec(str(t), shape, _element(t.element_type, where, t), None, tensor=True)
+    if isinstance(t, ir.UnrankedTensorType):
+        return UnrankedSpec(str(t), _element(t.element_type, where, t), tensor=True)
     return ScalarSpec(str(t), _element(t, where, t))
 
 
@@ -131,10 +140,4 @@ def read_signature(func: ir.Operation) -> Signature:
     ftype = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
     args = tuple(spec_of(t, f"@{name} argument #{i}") for i, t in enumerate(ftype.inputs))
     results = tuple(spec_of(t, f"@{name} result #{i}") for i, t in enumerate(ftype.results))
-    for i, result in enumerate(results):
-        if not isinstance(result, ScalarSpec):
-            raise SignatureError(
-                f"@{name} result #{i} has type {result.mlir}: returning memrefs is not "
-                "supported yet; write the result into an output argument instead."
-            )
     return Signature(name, args, results)

@@ -342,9 +342,9 @@ llvm.func @{self.function}(%self: !llvm.ptr, %argv: !llvm.ptr, %nargs: i64) -> !
         return FastPath(text, self.function, self.consts, tuple(self.dtypes))
 
 
-def fast_path(name: str, arguments: Sequence[FastArgument], results: Sequence[ScalarSpec]) -> FastPath | None:
+def fast_path(name: str, arguments: Sequence[FastArgument], results: Sequence[ArgSpec]) -> FastPath | None:
     """The fast path for a kernel, or None if one of its argument kinds is not handled."""
-    if not all(_handles(a.spec) for a in arguments):
+    if not all(_handles(a.spec) for a in arguments) or not all(isinstance(r, ScalarSpec) for r in results):
         return None
     return _Generator(name, arguments, results).generate()
 
