@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from mlir import ir
@@ -16,7 +17,7 @@ from .errors import CompileError
 from .cache import Entry
 from .jit import LoadedObject, engine_symbol
 from .pipeline import Pipeline, lower
-from .source import ParsedSource
+from .source import MLIR_LOCK, ParsedSource
 from .thunk import FastPath, attach
 
 
@@ -97,29 +98,40 @@ def compile_function(
     shared_libs: Sequence[str],
     fast: FastPath | None = None,
     keep_object: bool = False,
+    callbacks: Mapping[str, int] | None = None,
 ) -> CompiledFunction:
     """Lower ``parsed`` in place with ``pipeline`` and JIT it; CompileError with MLIR's diagnostics on failure.
 
     ``fast``, when given, is compiled into the same module (if the lowered
     signature allows it). With ``keep_object`` the result carries the object
-    code for the disk cache.
+    code for the disk cache. ``callbacks`` maps declarations to the addresses
+    of the functions that define them (see :mod:`memkernel.callbacks`).
     """
-    with parsed.context, ir.Location.unknown():
+    callbacks = callbacks or {}
+    with MLIR_LOCK, parsed.context, ir.Location.unknown():
         prepare_boundary(parsed.function(name))
+        for func in parsed.functions():
+            if ir.StringAttr(func.attributes["sym_name"]).value in callbacks:
+                func.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
         lower(parsed.module, pipeline, parsed.text)
         with_fast = fast is not None and attach(parsed.module, fast, name)
-        added, unresolved = libraries.libraries_for(external_functions(parsed.module), shared_libs)
+        defined_here = {f"_mlir_ciface_{callback}" for callback in callbacks}
+        externals = [f for f in external_functions(parsed.module) if f not in defined_here]
+        added, unresolved = libraries.libraries_for(externals, shared_libs)
         if unresolved:
             raise CompileError(
-                f"@{name} calls {', '.join(unresolved)}, which no linked library defines. The MLIR "
-                "runtime libraries (memrefCopy, printMemref*, the APFloat routines of f8 arithmetic) "
-                "come with: pip install 'memkernel[runtime]'. Pass other libraries in shared_libs=."
+                f"@{name} calls {', '.join(unresolved)}, which no linked library defines. Bind a "
+                "declaration to Python with callbacks={name: function}; pass the library that defines "
+                "it in shared_libs=; the MLIR runtime libraries (memrefCopy, printMemref*, the APFloat "
+                "routines of f8 arithmetic) come with: pip install 'memkernel[runtime]'."
             )
         libs = (*shared_libs, *added)
         failure = None
         with capture_c_stderr() as stderr:
             try:
                 engine = ExecutionEngine(parsed.module, opt_level=opt_level, shared_libs=list(libs))
+                for callback, callback_address in callbacks.items():
+                    engine.raw_register_runtime(f"_mlir_ciface_{callback}", ctypes.c_void_p(callback_address))
                 address = engine.raw_lookup("_mlir_ciface_" + name)
             except RuntimeError as exc:
                 failure = str(exc)

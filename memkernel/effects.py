@@ -5,9 +5,15 @@ to an identity-layout memref). A copy the kernel may have written is copied back
 into the caller's array; one the IR proves read-only is not. The analysis is
 conservative: any use it does not know counts as a write. Calls to functions
 defined in the same module are followed into the callee.
+
+The uses are collected in one walk of the module rather than through
+``Value.uses``, whose typed op objects would import every dialect's Python
+module (linalg's alone takes ~45 ms).
 """
 
 from __future__ import annotations
+
+from collections import defaultdict
 
 from mlir import ir
 
@@ -49,31 +55,32 @@ def _linalg_inputs(op: ir.Operation) -> int | None:
     return ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"])[0]
 
 
-def _callee_argument(op: ir.Operation, position: int) -> ir.Value | None:
-    """The block argument of the called function that receives operand ``position`` of a ``func.call``."""
-    callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
-    module = op.parent
-    while module.name != "builtin.module":
-        module = module.parent
-    for candidate in module.regions[0].blocks[0].operations:
-        if (candidate.operation.name == "func.func"
-                and ir.StringAttr(candidate.attributes["sym_name"]).value == callee
-                and len(candidate.regions[0].blocks) > 0):
-            return candidate.regions[0].blocks[0].arguments[position]
-    return None
-
-
 class _Analysis:
-    """May-write answers for values, memoized; a value under analysis counts as not written (recursion)."""
+    """May-write answers for the values of one module, memoized.
 
-    def __init__(self) -> None:
+    A value under analysis counts as not written, which ends recursion through
+    recursive calls.
+    """
+
+    def __init__(self, module: ir.Operation) -> None:
+        self.uses: dict[ir.Value, list[tuple[ir.Operation, int]]] = defaultdict(list)
+        self.bodies: dict[str, ir.Block] = {}
         self.answers: dict[ir.Value, bool] = {}
+
+        def visit(op: ir.Operation) -> ir.WalkResult:
+            for position, operand in enumerate(op.operands):
+                self.uses[operand].append((op, position))
+            if op.name == "func.func" and len(op.regions[0].blocks) > 0:
+                self.bodies[ir.StringAttr(op.attributes["sym_name"]).value] = op.regions[0].blocks[0]
+            return ir.WalkResult.ADVANCE
+
+        module.walk(visit)
 
     def may_write(self, value: ir.Value) -> bool:
         if value in self.answers:
             return self.answers[value]
         self.answers[value] = False
-        answer = any(self._use_may_write(use.owner, use.operand_number) for use in value.uses)
+        answer = any(self._use_may_write(op, position) for op, position in self.uses.get(value, ()))
         self.answers[value] = answer
         return answer
 
@@ -84,16 +91,16 @@ class _Analysis:
         if name in _READS and position in _READS[name]:
             return False
         if name == "func.call":
-            argument = _callee_argument(op, position)
-            return argument is None or self.may_write(argument)
+            callee = self.bodies.get(ir.FlatSymbolRefAttr(op.attributes["callee"]).value)
+            return callee is None or self.may_write(callee.arguments[position])
         inputs = _linalg_inputs(op)
         return inputs is None or position >= inputs
 
 
-def written_arguments(func: ir.Operation) -> frozenset[int]:
-    """Indices of the ``func.func`` arguments that the kernel may write through."""
-    entry = func.regions[0].blocks[0]
-    analysis = _Analysis()
+def written_arguments(module: ir.Module, function: str) -> frozenset[int]:
+    """Indices of the arguments of ``func.func @function`` that the kernel may write through."""
+    analysis = _Analysis(module.operation)
+    entry = analysis.bodies[function]
     return frozenset(
         i for i, arg in enumerate(entry.arguments)
         if isinstance(arg.type, (ir.MemRefType, ir.UnrankedMemRefType)) and analysis.may_write(arg)

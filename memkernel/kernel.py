@@ -14,7 +14,7 @@ import hashlib
 import inspect
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -22,6 +22,7 @@ import numpy as np
 from . import cache as kernel_cache
 from . import libraries, pyabi
 from .arguments import Binder, CallState, MemRefBinder, ScalarBinder, UnrankedBinder
+from .callbacks import PendingErrors, bind_callbacks
 from .compiler import CompiledFunction, compile_function, load_function
 from .effects import written_arguments
 from .errors import ArgumentError, ShapeError, SignatureError
@@ -32,7 +33,7 @@ from .outputs import OutputAllocator
 from .pipeline import Pipeline, check_before_lowering, parse_pipeline
 from .plan import CallPlan
 from .signature import ArgSpec, MemRefSpec, ScalarSpec, Signature, UnrankedSpec, read_signature
-from .source import ParsedSource, parse_source
+from .source import MLIR_LOCK, ParsedSource, parse_source
 from .thunk import FastArgument, FastPath, fast_path
 
 _PARAMETER = inspect.Parameter
@@ -73,6 +74,7 @@ class Kernel:
         opt_level: int,
         shared_libs: Sequence[str | os.PathLike[str]],
         cache: bool,
+        callbacks: Mapping[str, Callable[..., Any]] | None = None,
     ) -> None:
         functools.update_wrapper(self, function)
         self.__dict__.pop("__wrapped__", None)
@@ -85,11 +87,13 @@ class Kernel:
         self._cache = cache
         self._shared_libs = libraries.resolve_libraries(os.fspath(lib) for lib in shared_libs)
         self._parsed: ParsedSource = parse_source(source)
-        with self._parsed.context:
+        with MLIR_LOCK, self._parsed.context:
             func = self._parsed.function(self._name)
             self.mlir_signature: Signature = read_signature(func)
-            written = written_arguments(func)
+            written = written_arguments(self._parsed.module, self._name)
             check_before_lowering(self._parsed.module, self._pipeline)
+            self._pending = PendingErrors()
+            self._callbacks = bind_callbacks(self._parsed, callbacks or {}, self._pending)
         self._params = self._python_parameters(function)
         self._binders = self._make_binders(written)
         self.__signature__ = self._python_signature()
@@ -192,7 +196,17 @@ class Kernel:
         fast = None
         if compiled.fast_address and fast_spec is not None:
             fast = FastFunction(compiled.fast_address, compiled.consts_address, fast_spec, results)
-        return invoker(plan, fast, self._n_outputs, bool(results))
+        invoke = invoker(plan, fast, self._n_outputs, bool(results))
+        if not self._callbacks:
+            return invoke
+        pending = self._pending
+
+        def invoke_then_raise_callback_errors(args: tuple[Any, ...], outputs: tuple[Any, ...]) -> Any:
+            returned = invoke(args, outputs)
+            pending.raise_first()
+            return returned
+
+        return invoke_then_raise_callback_errors
 
     def _compiled_function(self, fast_spec: FastPath | None) -> CompiledFunction:
         """The compiled kernel: from this process's cache, from the disk cache, or compiled now."""
@@ -200,9 +214,11 @@ class Kernel:
         def compile_now(keep_object: bool) -> CompiledFunction:
             # Lower a fresh parse: a failed attempt must not leave a half-lowered module behind.
             return compile_function(parse_source(self._parsed.text), self._name, self._pipeline,
-                                    self._opt_level, self._shared_libs, fast_spec, keep_object)
+                                    self._opt_level, self._shared_libs, fast_spec, keep_object,
+                                    {name: bound.address for name, bound in self._callbacks.items()})
 
-        if not self._cache:
+        if not self._cache or self._callbacks:
+            # Compiled code with callbacks is bound to this kernel's Python functions: never shared.
             return compile_now(False)
         key = kernel_cache.CacheKey.of(
             source=hashlib.sha256(self._parsed.text.encode()).hexdigest(),
@@ -321,6 +337,7 @@ def mlir_kernel(
     opt_level: int = 3,
     shared_libs: Sequence[str | os.PathLike[str]] = (),
     cache: bool = True,
+    callbacks: Mapping[str, Callable[..., Any]] | None = None,
 ) -> Callable[[Callable[..., Any]], Kernel]:
     """Turn a Python function into a call of the MLIR ``func.func`` it names.
 
@@ -338,7 +355,9 @@ def mlir_kernel(
     names (``"mlir_c_runner_utils"``) of libraries the kernel calls into.
     With ``cache`` (the default) a kernel compiles once per process and is
     kept on disk for later processes (see :mod:`memkernel.cache`);
-    ``cache=False`` always compiles afresh.
+    ``cache=False`` always compiles afresh. ``callbacks`` binds private
+    ``func.func`` declarations of the source to Python functions (see
+    :mod:`memkernel.callbacks`); a kernel with callbacks is not cached.
 
     Raises MLIRSyntaxError, SignatureError or CompileError (a bad pipeline or
     library) at decoration; the returned :class:`Kernel` raises ArgumentError,
@@ -347,7 +366,7 @@ def mlir_kernel(
 
     def decorate(function: Callable[..., Any]) -> Kernel:
         return Kernel(function, source, name=name, pipeline=pipeline, opt_level=opt_level,
-                      shared_libs=shared_libs, cache=cache)
+                      shared_libs=shared_libs, cache=cache, callbacks=callbacks)
 
     return decorate
 

@@ -23,6 +23,7 @@ from . import i1_storage
 from .diagnostics import format_diagnostics
 from .dtypes import F8_NAMES
 from .errors import CompileError, SignatureError
+from .source import MLIR_LOCK, shared_context
 
 DEFAULT = "default"
 
@@ -163,7 +164,7 @@ def parse_pipeline(pipeline: str | None) -> Pipeline:
     if not text.startswith("builtin.module("):
         text = f"builtin.module({text})"
     try:
-        with ir.Context():
+        with MLIR_LOCK, shared_context():
             passmanager.PassManager.parse(text)
     except ValueError as exc:
         raise CompileError(f"pipeline= does not parse as a pass pipeline or name a preset ({DEFAULT!r}): {exc}") from None

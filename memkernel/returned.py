@@ -43,7 +43,7 @@ class HeapBuffer:
         _free(self.allocated)
 
 
-class _Memory:
+class ExposedMemory:
     """Exposes memory to numpy through ``__array_interface__`` while holding its owner."""
 
     def __init__(self, owner: object, data: int, shape: tuple[int, ...], strides: tuple[int, ...],
@@ -74,16 +74,16 @@ class ResultAdopter:
         strides = tuple(s * dtype.itemsize for s in fields[3 + rank:])
         data = aligned + offset * dtype.itemsize
         if allocated == GLOBAL_MEMORY:
-            return np.array(np.asarray(_Memory(None, data, shape, strides, dtype.itemsize)).view(dtype))
+            return np.array(np.asarray(ExposedMemory(None, data, shape, strides, dtype.itemsize)).view(dtype))
         owner = self.call_buffers.get(allocated)
         if owner is not None and spec.tensor:
             # A tensor result is a value: never a view of an input.
-            return np.array(np.asarray(_Memory(owner, data, shape, strides, dtype.itemsize)).view(dtype))
+            return np.array(np.asarray(ExposedMemory(owner, data, shape, strides, dtype.itemsize)).view(dtype))
         if owner is None:
             owner = self.owners.get(allocated)
             if owner is None:
                 owner = self.owners[allocated] = HeapBuffer(allocated)
-        return np.asarray(_Memory(owner, data, shape, strides, dtype.itemsize)).view(dtype)
+        return np.asarray(ExposedMemory(owner, data, shape, strides, dtype.itemsize)).view(dtype)
 
     def unranked(self, spec: UnrankedSpec, rank: int, descriptor: int) -> np.ndarray:
         """The array for an unranked result; frees the heap copy of its ranked descriptor."""

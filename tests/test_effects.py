@@ -13,7 +13,7 @@ from memkernel.source import parse_source
 def written(body: str, args: str) -> frozenset[int]:
     parsed = parse_source(f"func.func @f({args}) {{\n{body}\n  return\n}}")
     with parsed.context:
-        return written_arguments(parsed.function("f"))
+        return written_arguments(parsed.module, "f")
 
 
 LOAD_STORE = """
@@ -62,7 +62,7 @@ func.func @f(%a: memref<?xf32>) {
 }"""
     parsed = parse_source(source)
     with parsed.context:
-        assert written_arguments(parsed.function("f")) == {0}
+        assert written_arguments(parsed.module, "f") == {0}
 
 
 def test_scalars_are_never_written():
