@@ -96,11 +96,13 @@ def directory() -> Path | None:
 
 @dataclass(frozen=True)
 class Entry:
-    """A disk cache entry: the object code, the libraries it links against, whether it has a fast path."""
+    """A disk cache entry: the object code, the libraries it links against, whether it has a
+    fast path and whether it may print."""
 
     code: bytes
     libraries: tuple[str, ...]
     fast: bool
+    may_print: bool
 
 
 def _path(folder: Path, key: CacheKey) -> Path:
@@ -131,7 +133,7 @@ def load(key: CacheKey) -> Entry | None:
     libraries = tuple(header.get("libraries", ()))
     if not all(isinstance(path, str) and os.path.isfile(path) for path in libraries):
         return None
-    return Entry(code, libraries, bool(header.get("fast")))
+    return Entry(code, libraries, bool(header.get("fast")), bool(header.get("may_print", True)))
 
 
 def store(key: CacheKey, entry: Entry) -> None:
@@ -140,7 +142,8 @@ def store(key: CacheKey, entry: Entry) -> None:
     if folder is None:
         return
     header = json.dumps({"key": key.fields, "sha256": hashlib.sha256(entry.code).hexdigest(),
-                         "libraries": list(entry.libraries), "fast": entry.fast}).encode()
+                         "libraries": list(entry.libraries), "fast": entry.fast,
+                         "may_print": entry.may_print}).encode()
     try:
         folder.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".mkc")

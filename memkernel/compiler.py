@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from mlir import ir
@@ -16,6 +16,7 @@ from .diagnostics import capture_c_stderr
 from .errors import CompileError
 from .cache import Entry
 from .jit import LoadedObject, engine_symbol
+from .output import may_print
 from .pipeline import Pipeline, lower
 from .source import MLIR_LOCK, ParsedSource
 from .thunk import FastPath, attach
@@ -32,6 +33,7 @@ class CompiledFunction:
     ``fast_address`` and ``consts_address`` are the fast path's function and
     constants table (see :mod:`memkernel.thunk`), 0 when it has none.
     ``entry`` is what the disk cache stores: the object code and its libraries.
+    ``may_print`` tells whether it calls functions that may write to the C streams.
     """
 
     owner: object
@@ -39,6 +41,7 @@ class CompiledFunction:
     fast_address: int
     consts_address: int
     entry: Entry | None
+    may_print: bool
 
 
 def load_function(entry: Entry, name: str, fast: FastPath | None) -> CompiledFunction:
@@ -49,8 +52,9 @@ def load_function(entry: Entry, name: str, fast: FastPath | None) -> CompiledFun
     loaded = LoadedObject(entry.code, entry.libraries)
     address = loaded.symbol(f"_mlir__mlir_ciface_{name}")
     if fast is None or not entry.fast:
-        return CompiledFunction(loaded, address, 0, 0, entry)
-    return CompiledFunction(loaded, address, loaded.symbol(fast.function), loaded.symbol(fast.consts), entry)
+        return CompiledFunction(loaded, address, 0, 0, entry, entry.may_print)
+    return CompiledFunction(loaded, address, loaded.symbol(fast.function), loaded.symbol(fast.consts), entry,
+                            entry.may_print)
 
 
 def _object_code(engine: ExecutionEngine) -> bytes:
@@ -90,6 +94,17 @@ def _with_stderr(message: str, stderr: str) -> str:
     return f"{message}\nMLIR reported:\n{stderr}" if stderr else message
 
 
+def lower_kernel(parsed: ParsedSource, name: str, pipeline: Pipeline, callbacks: Collection[str],
+                 until: str = "llvm") -> None:
+    """Prepare the kernel's boundary and its callbacks' declarations, then lower up to stage ``until``."""
+    with MLIR_LOCK, parsed.context, ir.Location.unknown():
+        prepare_boundary(parsed.function(name))
+        for func in parsed.functions():
+            if ir.StringAttr(func.attributes["sym_name"]).value in callbacks:
+                func.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
+        lower(parsed.module, pipeline, parsed.text, until)
+
+
 def compile_function(
     parsed: ParsedSource,
     name: str,
@@ -109,15 +124,12 @@ def compile_function(
     """
     callbacks = callbacks or {}
     with MLIR_LOCK, parsed.context, ir.Location.unknown():
-        prepare_boundary(parsed.function(name))
-        for func in parsed.functions():
-            if ir.StringAttr(func.attributes["sym_name"]).value in callbacks:
-                func.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
-        lower(parsed.module, pipeline, parsed.text)
+        lower_kernel(parsed, name, pipeline, callbacks)
         with_fast = fast is not None and attach(parsed.module, fast, name)
         defined_here = {f"_mlir_ciface_{callback}" for callback in callbacks}
         externals = [f for f in external_functions(parsed.module) if f not in defined_here]
         added, unresolved = libraries.libraries_for(externals, shared_libs)
+        printing = may_print(externals)
         if unresolved:
             raise CompileError(
                 f"@{name} calls {', '.join(unresolved)}, which no linked library defines. Bind a "
@@ -142,9 +154,9 @@ def compile_function(
                 f"JIT compilation of @{name} failed: its code did not link. A function it calls "
                 "may be missing: pass the library that defines it in shared_libs=.", stderr[0]))
         engine.initialize()
-        entry = Entry(_object_code(engine), libs, with_fast) if keep_object else None
+        entry = Entry(_object_code(engine), libs, with_fast, printing) if keep_object else None
         if not with_fast:
-            return CompiledFunction(engine, address, 0, 0, entry)
+            return CompiledFunction(engine, address, 0, 0, entry, printing)
         assert fast is not None
         return CompiledFunction(engine, address, engine_symbol(engine, fast.function),
-                                engine_symbol(engine, fast.consts), entry)
+                                engine_symbol(engine, fast.consts), entry, printing)

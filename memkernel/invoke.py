@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from . import output
 from .fastcall import DONE, FastFunction
 from .plan import CallPlan
 
@@ -55,3 +56,22 @@ def invoker(plan: CallPlan, fast: FastFunction | None, n_outputs: int, has_resul
         return assemble(outputs, slow(args + outputs) if results is None else results)
 
     return invoke
+
+
+def with_output_capture(invoke: Invoker, mode: bool | None, may_print: bool) -> Invoker:
+    """``invoke``, routing what the kernel prints to the Python streams as ``mode`` says.
+
+    None: when the kernel may print and ``sys.stdout``/``sys.stderr`` are not the
+    C streams; True: always; False: never.
+    """
+    if mode is False or (mode is None and not may_print):
+        return invoke
+    if mode is True:
+        return lambda args, outputs: output.captured(lambda: invoke(args, outputs))
+
+    def invoke_capturing_when_needed(args: tuple[Any, ...], outputs: tuple[Any, ...]) -> Any:
+        if output.python_streams_are_the_c_streams():
+            return invoke(args, outputs)
+        return output.captured(lambda: invoke(args, outputs))
+
+    return invoke_capturing_when_needed

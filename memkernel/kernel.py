@@ -23,18 +23,19 @@ from . import cache as kernel_cache
 from . import libraries, pyabi
 from .arguments import Binder, CallState, MemRefBinder, ScalarBinder, UnrankedBinder
 from .callbacks import PendingErrors, bind_callbacks
-from .compiler import CompiledFunction, compile_function, load_function
+from .compiler import CompiledFunction, compile_function, load_function, lower_kernel
 from .effects import written_arguments
 from .errors import ArgumentError, ShapeError, SignatureError
 from .fastcall import FastFunction
-from .invoke import Invoker, invoker
+from .invoke import Invoker, invoker, with_output_capture
 from .jit import ObjectLoadError
 from .outputs import OutputAllocator
-from .pipeline import Pipeline, check_before_lowering, parse_pipeline
+from .pipeline import STAGES, Pipeline, check_before_lowering, parse_pipeline
 from .plan import CallPlan
 from .signature import ArgSpec, MemRefSpec, ScalarSpec, Signature, UnrankedSpec, read_signature
 from .source import MLIR_LOCK, ParsedSource, parse_source
 from .thunk import FastArgument, FastPath, fast_path
+from .translate import to_llvm_ir
 
 _PARAMETER = inspect.Parameter
 
@@ -75,18 +76,20 @@ class Kernel:
         shared_libs: Sequence[str | os.PathLike[str]],
         cache: bool,
         callbacks: Mapping[str, Callable[..., Any]] | None = None,
+        capture_output: bool | None = None,
     ) -> None:
         functools.update_wrapper(self, function)
         self.__dict__.pop("__wrapped__", None)
         self._function = function
-        self._name = name or function.__name__
         self._pipeline: Pipeline = parse_pipeline(pipeline)
         if not isinstance(opt_level, int) or not 0 <= opt_level <= 3:
             raise ValueError(f"opt_level must be 0, 1, 2 or 3, got {opt_level!r}")
         self._opt_level = opt_level
         self._cache = cache
+        self._capture_output = capture_output
         self._shared_libs = libraries.resolve_libraries(os.fspath(lib) for lib in shared_libs)
         self._parsed: ParsedSource = parse_source(source)
+        self._name = name or self._default_name(function)
         with MLIR_LOCK, self._parsed.context:
             func = self._parsed.function(self._name)
             self.mlir_signature: Signature = read_signature(func)
@@ -104,6 +107,17 @@ class Kernel:
         self._lock = threading.Lock()
 
     # -- decoration-time analysis ------------------------------------------------
+
+    def _default_name(self, function: Callable[..., Any]) -> str:
+        """The Python function's name; for a lambda, the source's only function."""
+        if function.__name__ != "<lambda>":
+            return function.__name__
+        with MLIR_LOCK, self._parsed.context:
+            defined = self._parsed.defined_names()
+        if len(defined) != 1:
+            listed = ", ".join(f"@{n}" for n in defined) or "none"
+            raise SignatureError(f"a lambda has no name to pick a function by (defined: {listed}); pass name=.")
+        return defined[0]
 
     def _python_parameters(self, function: Callable[..., Any]) -> list[inspect.Parameter]:
         params = list(inspect.signature(function).parameters.values())
@@ -197,6 +211,7 @@ class Kernel:
         if compiled.fast_address and fast_spec is not None:
             fast = FastFunction(compiled.fast_address, compiled.consts_address, fast_spec, results)
         invoke = invoker(plan, fast, self._n_outputs, bool(results))
+        invoke = with_output_capture(invoke, self._capture_output, compiled.may_print)
         if not self._callbacks:
             return invoke
         pending = self._pending
@@ -242,6 +257,26 @@ class Kernel:
             if compiled.entry is not None:
                 kernel_cache.store(key, compiled.entry)
         return kernel_cache.remember(key, compiled)
+
+    # -- inspection ------------------------------------------------------------------
+
+    def ir(self, stage: str = "llvm") -> str:
+        """The kernel's module at one stage of the pipeline, as MLIR text; computed when asked.
+
+        Stages (see :data:`memkernel.pipeline.STAGES`): ``"input"``, ``"bufferized"``,
+        ``"loops"``, ``"llvm"``; a custom ``pipeline=`` has ``"input"`` and ``"llvm"``.
+        Raises ValueError for another stage, CompileError if lowering fails.
+        """
+        if stage not in STAGES:
+            raise ValueError(f"stage must be one of {', '.join(map(repr, STAGES))}, not {stage!r}")
+        parsed = parse_source(self._parsed.text)
+        lower_kernel(parsed, self._name, self._pipeline, self._callbacks, stage)
+        with MLIR_LOCK:
+            return str(parsed.module)
+
+    def llvm_ir(self) -> str:
+        """The LLVM IR the kernel is compiled from (needs ``memkernel[runtime]`` for ``mlir-translate``)."""
+        return to_llvm_ir(self.ir("llvm"))
 
     def _allocate(self, values: tuple[Any, ...]) -> tuple[Any, ...]:
         return self._allocator.allocate_all(values)
@@ -338,6 +373,7 @@ def mlir_kernel(
     shared_libs: Sequence[str | os.PathLike[str]] = (),
     cache: bool = True,
     callbacks: Mapping[str, Callable[..., Any]] | None = None,
+    capture_output: bool | None = None,
 ) -> Callable[[Callable[..., Any]], Kernel]:
     """Turn a Python function into a call of the MLIR ``func.func`` it names.
 
@@ -358,6 +394,10 @@ def mlir_kernel(
     ``cache=False`` always compiles afresh. ``callbacks`` binds private
     ``func.func`` declarations of the source to Python functions (see
     :mod:`memkernel.callbacks`); a kernel with callbacks is not cached.
+    ``capture_output`` routes what the kernel prints on the C streams to
+    ``sys.stdout``/``sys.stderr`` (see :mod:`memkernel.output`): None (the
+    default) does so when the kernel may print and the Python streams are not
+    the C ones (Jupyter, pytest); True always; False never.
 
     Raises MLIRSyntaxError, SignatureError or CompileError (a bad pipeline or
     library) at decoration; the returned :class:`Kernel` raises ArgumentError,
@@ -366,7 +406,8 @@ def mlir_kernel(
 
     def decorate(function: Callable[..., Any]) -> Kernel:
         return Kernel(function, source, name=name, pipeline=pipeline, opt_level=opt_level,
-                      shared_libs=shared_libs, cache=cache, callbacks=callbacks)
+                      shared_libs=shared_libs, cache=cache, callbacks=callbacks,
+                      capture_output=capture_output)
 
     return decorate
 
