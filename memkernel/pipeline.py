@@ -180,14 +180,36 @@ def _run(text: str, module: ir.Module, source: str) -> None:
         ) from None
 
 
-def lower(module: ir.Module, pipeline: Pipeline, source: str) -> None:
-    """Lower ``module`` in place to the LLVM dialect; CompileError with the diagnostics on failure."""
+STAGES = ("input", "bufferized", "loops", "llvm")
+"""The stages of the preset pipelines that :meth:`~memkernel.Kernel.ir` can show.
+
+``input``: the parsed source, as memkernel prepared it (C interface added);
+``bufferized``: tensors turned into memrefs (the input itself for memref
+kernels); ``loops``: linalg, affine, vector and scf lowered to loops and
+branches, ``i1`` accesses made byte accesses, just before the LLVM conversion;
+``llvm``: the LLVM dialect that is JIT-compiled.
+"""
+
+
+def lower(module: ir.Module, pipeline: Pipeline, source: str, until: str = "llvm") -> None:
+    """Lower ``module`` in place up to stage ``until``; CompileError with the diagnostics on failure.
+
+    A custom pipeline has only the ``input`` and ``llvm`` stages.
+    """
+    if until == "input":
+        return
     if pipeline.custom is not None:
+        if until != "llvm":
+            raise ValueError(f"a custom pipeline has the stages 'input' and 'llvm', not {until!r}")
         _run(pipeline.custom, module, source)
         return
     if uses_tensors(module):
         _run(_BUFFERIZE, module, source)
+    if until == "bufferized":
+        return
     _run(_PRE, module, source)
     i1_storage.lower_i1_accesses(module)
+    if until == "loops":
+        return
     apfloat = _APFLOAT if uses_f8_arithmetic(module) else ""
     _run(_POST.format(apfloat=apfloat), module, source)

@@ -29,6 +29,11 @@ class ParsedSource:
     def functions(self) -> list[ir.Operation]:
         return [op for op in self.module.body.operations if op.operation.name == "func.func"]
 
+    def defined_names(self) -> list[str]:
+        """Names of the functions that have a body."""
+        return [ir.StringAttr(f.attributes["sym_name"]).value for f in self.functions()
+                if len(f.regions[0].blocks) > 0]
+
     def function(self, name: str) -> ir.Operation:
         """The ``func.func @name`` with a body; SignatureError listing the others if absent."""
         defined = []

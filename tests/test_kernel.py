@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import memkernel.kernel
-from memkernel import ArgumentError, Kernel, mlir_kernel
+from memkernel import ArgumentError, Kernel, SignatureError, mlir_kernel
 
 from .kernels import elementwise
 
@@ -294,3 +294,15 @@ def test_argument_error_is_a_type_error_showing_the_call_signature(matmul):
     assert isinstance(info.value, TypeError)
     assert str(info.value).startswith("matmul(a: memref<?x?xf32>, b: memref<?x?xf32>, *, out:")
     assert "missing argument 'b'" in str(info.value)
+
+
+def test_a_lambda_takes_the_sources_only_function():
+    kernel = mlir_kernel(elementwise("arith.subf", "memref<?xf64>", "f64", 1, name="minus"))(lambda a, b: None)
+    np.testing.assert_array_equal(kernel(np.arange(3.0), np.ones(3)), np.arange(3.0) - 1)
+
+
+def test_a_lambda_with_several_functions_must_be_named():
+    source = MATMUL + AXPY
+    with pytest.raises(SignatureError, match=r"a lambda has no name to pick a function by "
+                                             r"\(defined: @matmul, @axpy\); pass name="):
+        mlir_kernel(source)(lambda a, b: None)
