@@ -96,13 +96,14 @@ def _with_stderr(message: str, stderr: str) -> str:
 
 def lower_kernel(parsed: ParsedSource, name: str, pipeline: Pipeline, callbacks: Collection[str],
                  until: str = "llvm") -> None:
-    """Prepare the kernel's boundary and its callbacks' declarations, then lower up to stage ``until``."""
+    """Prepare the kernel's boundary and its callbacks' declarations, then lower ``parsed.module``
+    up to stage ``until``."""
     with MLIR_LOCK, parsed.context, ir.Location.unknown():
         prepare_boundary(parsed.function(name))
         for func in parsed.functions():
             if ir.StringAttr(func.attributes["sym_name"]).value in callbacks:
                 func.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
-        lower(parsed.module, pipeline, parsed.text, until)
+        parsed.module = lower(parsed.module, pipeline, parsed.text, until)
 
 
 def compile_function(

@@ -263,7 +263,7 @@ class Kernel:
     def ir(self, stage: str = "llvm") -> str:
         """The kernel's module at one stage of the pipeline, as MLIR text; computed when asked.
 
-        Stages (see :data:`memkernel.pipeline.STAGES`): ``"input"``, ``"bufferized"``,
+        Stages (see :data:`memkernel.pipeline.STAGES`): ``"input"``, ``"bufferized"``, ``"vectorized"``,
         ``"loops"``, ``"llvm"``; a custom ``pipeline=`` has ``"input"`` and ``"llvm"``.
         Raises ValueError for another stage, CompileError if lowering fails.
         """

@@ -9,6 +9,7 @@ between them memkernel rewrites ``i1`` memref accesses to byte accesses (the
 LLVM 22 lowering of ``i1`` loads and stores aborts the process) and, when the
 module does arithmetic on f8 types, adds ``convert-arith-to-apfloat``.
 
+``"fast"`` first applies the transform strategies of :mod:`memkernel.presets`.
 ``pipeline=`` may instead name a pass pipeline of the user's; it runs as given.
 """
 
@@ -23,6 +24,7 @@ from . import i1_storage
 from .diagnostics import format_diagnostics
 from .dtypes import F8_NAMES
 from .errors import CompileError, SignatureError
+from .presets import PRESETS, fingerprint
 from .source import MLIR_LOCK, shared_context
 
 DEFAULT = "default"
@@ -30,6 +32,7 @@ DEFAULT = "default"
 _PRE = (
     "builtin.module("
     "func.func(convert-linalg-to-loops),"
+    "func.func(lower-vector-multi-reduction),"
     "convert-vector-to-scf,"
     "arith-emulate-unsupported-floats{source-types=bf16 target-type=f32},"
     "arith-expand{include-bf16=true},"
@@ -69,13 +72,14 @@ _POST = (
 
 @dataclass(frozen=True)
 class Pipeline:
-    """A preset name, or the user's own pass pipeline text."""
+    """A preset name (see :mod:`memkernel.presets`), or the user's own pass pipeline text."""
 
     name: str
     custom: str | None = None
 
     def describe(self) -> str:
-        return self.custom if self.custom is not None else f"preset {self.name!r}"
+        """What identifies the pipeline in a cache key."""
+        return self.custom if self.custom is not None else f"preset {fingerprint(self.name)}"
 
 
 def _element(t: ir.Type) -> ir.Type:
@@ -158,8 +162,10 @@ def check_before_lowering(module: ir.Module, pipeline: Pipeline) -> None:
 
 def parse_pipeline(pipeline: str | None) -> Pipeline:
     """A :class:`Pipeline` for ``pipeline=``: None or a preset name, else pass pipeline text."""
-    if pipeline is None or pipeline == DEFAULT:
+    if pipeline is None:
         return Pipeline(DEFAULT)
+    if pipeline in PRESETS:
+        return Pipeline(pipeline)
     text = pipeline.strip()
     if not text.startswith("builtin.module("):
         text = f"builtin.module({text})"
@@ -167,7 +173,8 @@ def parse_pipeline(pipeline: str | None) -> Pipeline:
         with MLIR_LOCK, shared_context():
             passmanager.PassManager.parse(text)
     except ValueError as exc:
-        raise CompileError(f"pipeline= does not parse as a pass pipeline or name a preset ({DEFAULT!r}): {exc}") from None
+        presets = ", ".join(map(repr, PRESETS))
+        raise CompileError(f"pipeline= does not parse as a pass pipeline or name a preset ({presets}): {exc}") from None
     return Pipeline("custom", text)
 
 
@@ -180,36 +187,49 @@ def _run(text: str, module: ir.Module, source: str) -> None:
         ) from None
 
 
-STAGES = ("input", "bufferized", "loops", "llvm")
+STAGES = ("input", "bufferized", "vectorized", "loops", "llvm")
 """The stages of the preset pipelines that :meth:`~memkernel.Kernel.ir` can show.
 
 ``input``: the parsed source, as memkernel prepared it (C interface added);
-``bufferized``: tensors turned into memrefs (the input itself for memref
-kernels); ``loops``: linalg, affine, vector and scf lowered to loops and
-branches, ``i1`` accesses made byte accesses, just before the LLVM conversion;
-``llvm``: the LLVM dialect that is JIT-compiled.
+``bufferized``: tensors turned into memrefs (after the preset's tensor
+strategies; the input itself for memref kernels); ``vectorized``: after the
+preset's memref strategies (the same as ``bufferized`` for ``"default"``);
+``loops``: linalg, affine, vector and scf lowered to loops and branches,
+``i1`` accesses made byte accesses, just before the LLVM conversion; ``llvm``:
+the LLVM dialect that is JIT-compiled.
 """
 
 
-def lower(module: ir.Module, pipeline: Pipeline, source: str, until: str = "llvm") -> None:
-    """Lower ``module`` in place up to stage ``until``; CompileError with the diagnostics on failure.
+def lower(module: ir.Module, pipeline: Pipeline, source: str, until: str = "llvm") -> ir.Module:
+    """Lower ``module`` up to stage ``until``; the lowered module (the same one or, after a
+    preset's strategies, a new one). CompileError with the diagnostics on failure.
 
     A custom pipeline has only the ``input`` and ``llvm`` stages.
     """
     if until == "input":
-        return
+        return module
     if pipeline.custom is not None:
         if until != "llvm":
             raise ValueError(f"a custom pipeline has the stages 'input' and 'llvm', not {until!r}")
         _run(pipeline.custom, module, source)
-        return
+        return module
+    strategies = PRESETS[pipeline.name]
+    for strategy in strategies:
+        if strategy.on_tensors:
+            module = strategy.applied(module)
     if uses_tensors(module):
         _run(_BUFFERIZE, module, source)
     if until == "bufferized":
-        return
+        return module
+    for strategy in strategies:
+        if not strategy.on_tensors:
+            module = strategy.applied(module)
+    if until == "vectorized":
+        return module
     _run(_PRE, module, source)
     i1_storage.lower_i1_accesses(module)
     if until == "loops":
-        return
+        return module
     apfloat = _APFLOAT if uses_f8_arithmetic(module) else ""
     _run(_POST.format(apfloat=apfloat), module, source)
+    return module

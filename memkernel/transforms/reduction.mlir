@@ -1,0 +1,27 @@
+// The "fast" preset's strategy for linalg.reduce on tensors (f32 and f64), innermost dim.
+//
+// Splits the reduction into {lanes}-wide partial results carried across the loop (which
+// reassociates the sum, as numpy's pairwise summation does), vectorizes the partial step
+// with masks for the last, partial chunk, and reduces the partials once at the end.
+// This needs tensor semantics: on memrefs the output may alias the input, so the
+// accumulator cannot be kept in registers, and the preset leaves memref reductions to
+// the default lowering.
+module attributes {transform.with_named_sequence} {
+  transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {
+    %reduce = transform.structured.match ops{["linalg.reduce"]} in %root
+        : (!transform.any_op) -> !transform.any_op
+    %fill, %partial, %combine, %loop = transform.structured.tile_reduction_using_for %reduce
+        by tile_sizes = [{reduction_tiles}]
+        : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op, !transform.any_op)
+    transform.structured.vectorize %partial vector_sizes [{vector_sizes}] : !transform.any_op
+    %func = transform.structured.match ops{["func.func"]} in %root : (!transform.any_op) -> !transform.any_op
+    %vectorized = transform.structured.vectorize_children_and_apply_patterns %func
+        : (!transform.any_op) -> !transform.any_op
+    transform.apply_patterns to %vectorized {
+      transform.apply_patterns.vector.lower_masked_transfers
+      transform.apply_patterns.vector.lower_masks
+      transform.apply_patterns.canonicalization
+    } : !transform.any_op
+    transform.yield
+  }
+}
