@@ -151,7 +151,7 @@ def execution_engine() -> ExecutionEngine:
     with ir.Context(), ir.Location.unknown():
         module = ir.Module.parse(source)
         module.body.operations[0].attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
-        pipeline.lower(module, pipeline.parse_pipeline(None), source)
+        module = pipeline.lower(module, pipeline.parse_pipeline(None), source)
         return ExecutionEngine(module, opt_level=3)
 
 

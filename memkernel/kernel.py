@@ -77,11 +77,12 @@ class Kernel:
         cache: bool,
         callbacks: Mapping[str, Callable[..., Any]] | None = None,
         capture_output: bool | None = None,
+        parallel: bool = False,
     ) -> None:
         functools.update_wrapper(self, function)
         self.__dict__.pop("__wrapped__", None)
         self._function = function
-        self._pipeline: Pipeline = parse_pipeline(pipeline)
+        self._pipeline: Pipeline = parse_pipeline(pipeline, parallel)
         if not isinstance(opt_level, int) or not 0 <= opt_level <= 3:
             raise ValueError(f"opt_level must be 0, 1, 2 or 3, got {opt_level!r}")
         self._opt_level = opt_level
@@ -374,6 +375,7 @@ def mlir_kernel(
     cache: bool = True,
     callbacks: Mapping[str, Callable[..., Any]] | None = None,
     capture_output: bool | None = None,
+    parallel: bool = False,
 ) -> Callable[[Callable[..., Any]], Kernel]:
     """Turn a Python function into a call of the MLIR ``func.func`` it names.
 
@@ -386,7 +388,11 @@ def mlir_kernel(
     of shapes for several; returning None lets memkernel take them from
     inputs of the same memref shape pattern.
 
-    ``pipeline`` is a preset name (``"default"``) or a pass pipeline;
+    ``pipeline`` is a preset name (``"default"``, ``"fast"``; see
+    :mod:`memkernel.presets`) or a pass pipeline; ``parallel=True`` runs a
+    preset's parallel loops (``scf.parallel``, ``scf.forall``, the parallel
+    dims of linalg ops the preset does not vectorize) on the MLIR async
+    runtime's thread pool;
     ``opt_level`` the LLVM optimization level (0-3); ``shared_libs`` paths or
     names (``"mlir_c_runner_utils"``) of libraries the kernel calls into.
     With ``cache`` (the default) a kernel compiles once per process and is
@@ -407,7 +413,7 @@ def mlir_kernel(
     def decorate(function: Callable[..., Any]) -> Kernel:
         return Kernel(function, source, name=name, pipeline=pipeline, opt_level=opt_level,
                       shared_libs=shared_libs, cache=cache, callbacks=callbacks,
-                      capture_output=capture_output)
+                      capture_output=capture_output, parallel=parallel)
 
     return decorate
 

@@ -53,7 +53,8 @@ def resolve_libraries(names: Iterable[str]) -> tuple[str, ...]:
     return tuple(paths)
 
 
-RUNTIME_LIBRARIES = ("mlir_c_runner_utils", "mlir_runner_utils", "mlir_float16_utils", "mlir_apfloat_wrappers")
+RUNTIME_LIBRARIES = ("mlir_c_runner_utils", "mlir_runner_utils", "mlir_float16_utils", "mlir_apfloat_wrappers",
+                     "mlir_async_runtime")
 
 
 @functools.lru_cache(maxsize=None)

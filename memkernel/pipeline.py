@@ -15,6 +15,7 @@ module does arithmetic on f8 types, adds ``convert-arith-to-apfloat``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,24 +25,46 @@ from . import i1_storage
 from .diagnostics import format_diagnostics
 from .dtypes import F8_NAMES
 from .errors import CompileError, SignatureError
+from .libraries import find_library
 from .presets import PRESETS, fingerprint
 from .source import MLIR_LOCK, shared_context
 
 DEFAULT = "default"
 
+_SERIAL_LOOPS = "func.func(convert-linalg-to-loops),scf-forall-to-for,"
+_PARALLEL_LOOPS = (
+    "func.func(convert-linalg-to-parallel-loops),"
+    "scf-forall-to-parallel,"
+    "async-parallel-for{{async-dispatch=false num-workers={workers} min-task-size=1024}},"
+    "async-to-async-runtime,"
+    "async-runtime-ref-counting,"
+    "async-runtime-ref-counting-opt,"
+)
 _PRE = (
     "builtin.module("
-    "func.func(convert-linalg-to-loops),"
+    "{loops}"
     "func.func(lower-vector-multi-reduction),"
     "convert-vector-to-scf,"
-    "arith-emulate-unsupported-floats{source-types=bf16 target-type=f32},"
-    "arith-expand{include-bf16=true},"
+    "arith-emulate-unsupported-floats{{source-types=bf16 target-type=f32}},"
+    "arith-expand{{include-bf16=true}},"
     "expand-strided-metadata,"
     "lower-affine,"
     "convert-math-to-funcs,"
     "convert-complex-to-standard,"
-    "convert-scf-to-cf)"
+    "convert-scf-to-cf"
+    "{runtime})"
 )
+ASYNC_RUNTIME = "mlir_async_runtime"
+
+
+def pre_lowering(parallel: bool) -> str:
+    """The first half of the preset lowering: to loops (parallel ones on a thread pool) and branches."""
+    if not parallel:
+        return _PRE.format(loops=_SERIAL_LOOPS, runtime="")
+    loops = _PARALLEL_LOOPS.format(workers=os.cpu_count() or 1)
+    return _PRE.format(loops=loops, runtime=",convert-async-to-llvm")
+
+
 _BUFFERIZE = (
     "builtin.module("
     "func.func(convert-elementwise-to-linalg),"
@@ -76,10 +99,13 @@ class Pipeline:
 
     name: str
     custom: str | None = None
+    parallel: bool = False
 
     def describe(self) -> str:
         """What identifies the pipeline in a cache key."""
-        return self.custom if self.custom is not None else f"preset {fingerprint(self.name)}"
+        if self.custom is not None:
+            return self.custom
+        return f"preset {fingerprint(self.name)}" + (f" parallel:{os.cpu_count()}" if self.parallel else "")
 
 
 def _element(t: ir.Type) -> ir.Type:
@@ -160,12 +186,21 @@ def check_before_lowering(module: ir.Module, pipeline: Pipeline) -> None:
         )
 
 
-def parse_pipeline(pipeline: str | None) -> Pipeline:
-    """A :class:`Pipeline` for ``pipeline=``: None or a preset name, else pass pipeline text."""
-    if pipeline is None:
-        return Pipeline(DEFAULT)
-    if pipeline in PRESETS:
-        return Pipeline(pipeline)
+def parse_pipeline(pipeline: str | None, parallel: bool = False) -> Pipeline:
+    """A :class:`Pipeline` for ``pipeline=``: None or a preset name, else pass pipeline text.
+
+    ``parallel`` runs the parallel loops of a preset on the MLIR async runtime's
+    thread pool; CompileError if that library is not installed or the pipeline is custom.
+    """
+    if pipeline is None or pipeline in PRESETS:
+        if parallel and find_library(ASYNC_RUNTIME) is None:
+            raise CompileError(
+                "parallel=True runs parallel loops on the MLIR async runtime, libmlir_async_runtime, "
+                "which is not installed: pip install 'memkernel[runtime]'"
+            )
+        return Pipeline(pipeline or DEFAULT, parallel=parallel)
+    if parallel:
+        raise CompileError("parallel=True applies to the preset pipelines; put the passes you want in pipeline=.")
     text = pipeline.strip()
     if not text.startswith("builtin.module("):
         text = f"builtin.module({text})"
@@ -226,7 +261,7 @@ def lower(module: ir.Module, pipeline: Pipeline, source: str, until: str = "llvm
             module = strategy.applied(module)
     if until == "vectorized":
         return module
-    _run(_PRE, module, source)
+    _run(pre_lowering(pipeline.parallel), module, source)
     i1_storage.lower_i1_accesses(module)
     if until == "loops":
         return module

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import threading
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import memkernel.pipeline
 from memkernel import CompileError, mlir_kernel
 from memkernel.presets import PRESETS, Strategy
 from memkernel.source import parse_source
@@ -140,3 +144,61 @@ def test_unknown_preset_lists_the_presets():
     with pytest.raises(CompileError, match=r"name a preset \('default', 'fast'\)"):
         dynamic_matmul("f32", "fastest")
     assert set(PRESETS) == {"default", "fast"}
+
+
+PARALLEL_FILL = """
+func.func private @visit(index)
+func.func @fill(%out: memref<?xi64>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %n = memref.dim %out, %c0 : memref<?xi64>
+  scf.parallel (%i) = (%c0) to (%n) step (%c1) {
+    %v = arith.index_cast %i : index to i64
+    %twice = arith.addi %v, %v : i64
+    memref.store %twice, %out[%i] : memref<?xi64>
+    func.call @visit(%i) : (index) -> ()
+    scf.reduce
+  }
+  return
+}"""
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_parallel_loops_compute_the_same_answer(parallel):
+    kernel = mlir_kernel(elementwise("math.exp", "memref<?x?xf64>", "f64", 2, n_inputs=1), name="k",
+                         parallel=parallel)(lambda a: None)
+    x = np.linspace(-1, 1, 3000 * 7).reshape(3000, 7)
+    np.testing.assert_allclose(kernel(x), np.exp(x), rtol=1e-14)
+
+
+@pytest.mark.skipif(os.cpu_count() < 2, reason="needs two cores to show a second thread")
+def test_parallel_true_runs_loop_iterations_on_several_threads():
+    threads = set()
+    kernel = mlir_kernel(PARALLEL_FILL, parallel=True, callbacks={"visit": lambda i: threads.add(
+        threading.get_ident())})(lambda out: None)
+    out = np.zeros(8192, np.int64)
+    kernel(out)
+    np.testing.assert_array_equal(out, 2 * np.arange(8192))
+    assert len(threads) >= 2
+
+
+def test_serial_pipeline_runs_scf_parallel_on_the_calling_thread():
+    threads = set()
+    kernel = mlir_kernel(PARALLEL_FILL, callbacks={"visit": lambda i: threads.add(threading.get_ident())})(
+        lambda out: None)
+    out = np.zeros(4096, np.int64)
+    kernel(out)
+    np.testing.assert_array_equal(out, 2 * np.arange(4096))
+    assert threads == {threading.get_ident()}
+
+
+def test_parallel_without_the_async_runtime_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(memkernel.pipeline, "find_library", lambda name: None)
+    with pytest.raises(CompileError, match=r"parallel=True runs parallel loops on the MLIR async runtime, "
+                                           r"libmlir_async_runtime, which is not installed: pip install "):
+        mlir_kernel(PARALLEL_FILL, parallel=True)(lambda out: None)
+
+
+def test_parallel_with_a_custom_pipeline_is_an_error():
+    with pytest.raises(CompileError, match="parallel=True applies to the preset pipelines"):
+        mlir_kernel(PARALLEL_FILL, parallel=True, pipeline="canonicalize")(lambda out: None)
