@@ -67,8 +67,3 @@ def is_direct_contiguous(array: np.ndarray) -> bool:
 def contiguous_copy(array: np.ndarray) -> np.ndarray:
     """A fresh, aligned, C-contiguous copy of ``array``."""
     return np.array(array, order="C", copy=True)
-
-
-def descriptor_fields(pointer: int, offset: int, shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...]:
-    """The values of a ranked descriptor, ``aligned`` set back by ``offset`` elements' worth by the caller."""
-    return (pointer, pointer, offset, *shape, *strides)

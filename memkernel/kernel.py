@@ -104,7 +104,6 @@ class Kernel:
         self._arity = len(self._params)
         self._n_outputs = len(self.mlir_signature.args) - self._arity
         self._invoke: Invoker | None = None
-        self._compiled: CompiledFunction | None = None
         self._lock = threading.Lock()
 
     # -- decoration-time analysis ------------------------------------------------
@@ -205,7 +204,6 @@ class Kernel:
     def _compile(self) -> Invoker:
         fast_spec = self._fast_path()
         compiled = self._compiled_function(fast_spec)
-        self._compiled = compiled
         results = self.mlir_signature.results
         plan = CallPlan(self._binders, results, compiled.address, compiled)
         fast = None
