@@ -9,8 +9,9 @@ to the ops they know, sized for the host's vector width:
   tiled for the caches and for registers, peeled so the main tiles are static,
   vectorized to broadcast-and-FMA outer products with the C block held in
   registers (see ``transforms/matmul.mlir``);
-- 1-d ``linalg.reduce`` to a scalar on f32/f64 tensors: split into vector-wide
-  partial sums carried across the loop, vectorized with masks for the tail
+- 1-d reductions to a scalar on f32/f64 tensors (``linalg.reduce``, and
+  ``linalg.generic`` with one reduction iterator): split into vector-wide
+  partial results carried across the loop, vectorized with masks for the tail
   (see ``transforms/reduction.mlir``).
 
 Every other op, and any op a strategy fails on, takes the default lowering:
@@ -72,14 +73,19 @@ def _matmul_parameters(module: ir.Module) -> dict[str, str] | None:
     return {"cache_tiles": f"64, {cache_n}, 128", "register_tiles": f"8, {2 * lanes}, 8"}
 
 
+_REDUCTION_ONLY = "[#linalg.iterator_type<reduction>]"
+
+
 def _reduction_parameters(module: ir.Module) -> dict[str, str] | None:
-    reductions = _ops(module, "linalg.reduce")
+    reductions = _ops(module, "linalg.reduce") + [
+        op for op in _ops(module, "linalg.generic") if str(op.attributes["iterator_types"]) == _REDUCTION_ONLY
+    ]
     if not reductions:
         return None
     for op in reductions:
         inputs = op.operands[0].type
         if (not isinstance(inputs, ir.RankedTensorType) or inputs.rank != 1 or len(op.results) != 1
-                or _element(op.operands[0]) not in _FLOATS):
+                or len(op.operands) != 2 or _element(op.operands[0]) not in _FLOATS):
             return None
     bits = 64 if all(_element(op.operands[0]) == "f64" for op in reductions) else 32
     lanes = 4 * host_vector_bits() // bits

@@ -98,6 +98,32 @@ def test_fast_tensor_sum_matches_numpy(n, t):
                                atol=1e-3 if t == "f32" else 1e-9)
 
 
+SUM_OF_SQUARES = """
+#id = affine_map<(i) -> (i)>
+#scalar = affine_map<(i) -> ()>
+func.func @sumsq(%x: tensor<?xf64>) -> tensor<f64> {
+  %zero = arith.constant 0.0 : f64
+  %empty = tensor.empty() : tensor<f64>
+  %init = linalg.fill ins(%zero : f64) outs(%empty : tensor<f64>) -> tensor<f64>
+  %r = linalg.generic {indexing_maps = [#id, #scalar], iterator_types = ["reduction"]}
+      ins(%x : tensor<?xf64>) outs(%init : tensor<f64>) {
+  ^bb0(%v: f64, %acc: f64):
+    %sq = arith.mulf %v, %v : f64
+    %s = arith.addf %sq, %acc : f64
+    linalg.yield %s : f64
+  } -> tensor<f64>
+  return %r : tensor<f64>
+}"""
+
+
+@pytest.mark.parametrize("n", [0, 5, 300, 4099])
+def test_fast_generic_reduction_matches_numpy_and_is_vectorized(n):
+    kernel = mlir_kernel(SUM_OF_SQUARES, pipeline="fast")(lambda x: None)
+    assert "vector.multi_reduction" in kernel.ir("bufferized")
+    x = np.random.default_rng(n).standard_normal(n)
+    np.testing.assert_allclose(kernel(x), np.dot(x, x), rtol=1e-12)
+
+
 def test_fast_tensor_sum_is_vectorized():
     kernel = mlir_kernel(TENSOR_SUM.format(t="f32"), pipeline="fast")(lambda x: None)
     assert "vector.multi_reduction" in kernel.ir("bufferized")

@@ -1,4 +1,5 @@
-// The "fast" preset's strategy for linalg.reduce on tensors (f32 and f64), innermost dim.
+// The "fast" preset's strategy for 1-d reductions to a scalar on f32/f64 tensors:
+// linalg.reduce, and linalg.generic with a single reduction iterator.
 //
 // Splits the reduction into {lanes}-wide partial results carried across the loop (which
 // reassociates the sum, as numpy's pairwise summation does), vectorizes the partial step
@@ -10,7 +11,11 @@ module attributes {transform.with_named_sequence} {
   transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {
     %reduce = transform.structured.match ops{["linalg.reduce"]} in %root
         : (!transform.any_op) -> !transform.any_op
-    %fill, %partial, %combine, %loop = transform.structured.tile_reduction_using_for %reduce
+    %generic = transform.structured.match ops{["linalg.generic"]}
+        attributes{iterator_types = [#linalg.iterator_type<reduction>]} in %root
+        : (!transform.any_op) -> !transform.any_op
+    %reductions = transform.merge_handles %reduce, %generic : !transform.any_op
+    %fill, %partial, %combine, %loop = transform.structured.tile_reduction_using_for %reductions
         by tile_sizes = [{reduction_tiles}]
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op, !transform.any_op)
     transform.structured.vectorize %partial vector_sizes [{vector_sizes}] : !transform.any_op
