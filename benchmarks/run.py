@@ -1,16 +1,18 @@
 """Benchmark memkernel against numpy and its peers, side by side, in one process.
 
-Three benchmarks: the overhead of a call on 16-element arrays, the bandwidth of an
-elementwise add on large arrays, and the compile time (cold, memory cache, disk cache).
-Prints one table and writes it as markdown to ``--markdown``. See benchmarks/README.md.
+The overhead of a call on 16-element arrays; the bandwidth of an elementwise add and of
+a sum on large arrays; the GFLOP/s of a matmul and of a convolution; parallel=True
+against serial code; and the compile time (cold, memory cache, disk cache). Prints one
+table and writes it as markdown to ``--markdown``. See benchmarks/README.md.
 """
 
 from __future__ import annotations
 
+import os
+
 import argparse
 import ctypes
 import functools
-import os
 import platform
 import subprocess
 import sys
@@ -31,6 +33,7 @@ from mlir.execution_engine import ExecutionEngine
 from mlir.runtime.np_to_memref import get_ranked_memref_descriptor
 
 from memkernel import mlir_kernel, pipeline
+from memkernel.libraries import find_library
 
 ADD = """func.func @{name}(%a: memref<?xf32>, %b: memref<?xf32>, %c: memref<?xf32>) {{
   linalg.add ins(%a, %b : memref<?xf32>, memref<?xf32>) outs(%c : memref<?xf32>)
@@ -40,6 +43,46 @@ IREE_ADD = """func.func @add(%a: tensor<{n}xf32>, %b: tensor<{n}xf32>) -> tensor
   %c = arith.addf %a, %b : tensor<{n}xf32>
   return %c : tensor<{n}xf32>
 }}"""
+TENSOR_SUM = """func.func @total(%x: tensor<?xf32>) -> tensor<f32> {
+  %zero = arith.constant 0.0 : f32
+  %empty = tensor.empty() : tensor<f32>
+  %init = linalg.fill ins(%zero : f32) outs(%empty : tensor<f32>) -> tensor<f32>
+  %sum = linalg.reduce ins(%x : tensor<?xf32>) outs(%init : tensor<f32>) dimensions = [0]
+    (%v: f32, %acc: f32) {
+      %s = arith.addf %v, %acc : f32
+      linalg.yield %s : f32
+    }
+  return %sum : tensor<f32>
+}"""
+# The output is zero-filled by memkernel when it allocates it; linalg.reduce adds to it.
+MEMREF_SUM = """func.func @total(%x: memref<?xf32>, %out: memref<f32>) {
+  linalg.reduce ins(%x : memref<?xf32>) outs(%out : memref<f32>) dimensions = [0]
+    (%v: f32, %acc: f32) {
+      %s = arith.addf %v, %acc : f32
+      linalg.yield %s : f32
+    }
+  return
+}"""
+MATMUL = """func.func @matmul(%a: {t}, %b: {t}, %c: {t}) {{
+  linalg.matmul ins(%a, %b : {t}, {t}) outs(%c : {t})
+  return
+}}"""
+CONV = """func.func @conv(%x: {x}, %w: {w}, %y: {y}) {{
+  linalg.conv_2d_nhwc_hwcf {{dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}}
+      ins(%x, %w : {x}, {w}) outs(%y : {y})
+  return
+}}"""
+EXP_EXP = """func.func @exp_exp(%x: memref<?x?xf32>, %y: memref<?x?xf32>) {
+  linalg.generic {indexing_maps = [affine_map<(i, j) -> (i, j)>, affine_map<(i, j) -> (i, j)>],
+                  iterator_types = ["parallel", "parallel"]}
+      ins(%x : memref<?x?xf32>) outs(%y : memref<?x?xf32>) {
+  ^bb0(%v: f32, %unused: f32):
+    %e = math.exp %v : f32
+    %ee = math.exp %e : f32
+    linalg.yield %ee : f32
+  }
+  return
+}"""
 # Run in a fresh interpreter: decorate the add kernel and call it once, timing only that.
 FIRST_CALL_SCRIPT = """import sys, time
 import numpy as np
@@ -50,12 +93,22 @@ mlir_kernel(sys.argv[1], name=sys.argv[2])(lambda a, b: None)(a, a)
 print(time.perf_counter() - start)
 """
 SMALL = 16
+MATMUL_SIZE = 512  # M = N = K
+CONV_INPUT = (1, 56, 56, 64)  # N, H, W, C: a ResNet stage-2 activation
+CONV_FILTER = (3, 3, 64, 64)  # KH, KW, C, F
+EXP_SIDE = 2000
+# (prefix, suffix) of OpenBLAS's C functions: numpy 2's scipy-openblas, 64-bit and plain builds.
+OPENBLAS_NAMES = (("scipy_openblas_", "64_"), ("openblas_", "64_"), ("openblas_", ""))
 HEADER = ("benchmark", "variant", "time", "ratio to numpy", "target")
 
 
 @dataclass(frozen=True)
 class Settings:
-    """How long to measure: repeats (the minimum is kept), seconds per repeat, sizes."""
+    """How long to measure: repeats (the minimum is kept), seconds per repeat, sizes.
+
+    ``bandwidth_n`` is the length of the add and sum arrays; the matmul, convolution and
+    parallel shapes are the same in both settings.
+    """
 
     repeats: int
     min_seconds: float
@@ -81,7 +134,7 @@ class Target:
 
 @dataclass(frozen=True)
 class Case:
-    """One variant: a no-argument call, or None when its peer is not installed.
+    """One variant: a no-argument call, or None when its peer (or a library it needs) is not installed.
 
     ``output`` is the array the call writes; without it the call returns its result.
     """
@@ -104,8 +157,12 @@ def seconds_per_call(call: Callable[[], Any], settings: Settings) -> float:
     return min(timer.repeat(settings.repeats, number)) / number
 
 
-def verify(case: Case, expected: np.ndarray) -> None:
-    """Run the case once (also a warm-up) and check that it computes what numpy does."""
+def verify(case: Case, expected: np.ndarray, rtol: float = 0.0, atol: float = 0.0) -> None:
+    """Run the case once (also a warm-up) and check that it computes what numpy does.
+
+    A preallocated output is zeroed first (``linalg`` kernels accumulate into it); without
+    tolerances the result must be equal.
+    """
     assert case.call is not None
     if case.output is None:
         got = np.asarray(case.call())
@@ -113,26 +170,38 @@ def verify(case: Case, expected: np.ndarray) -> None:
         case.output.fill(0)
         case.call()
         got = case.output
-    np.testing.assert_array_equal(got, expected, err_msg=case.variant)
+    np.testing.assert_allclose(got, expected, rtol=rtol, atol=atol, err_msg=case.variant)
+
+
+def measure(case: Case, expected: np.ndarray, settings: Settings, rtol: float = 0.0,
+            atol: float = 0.0) -> float | None:
+    """Seconds per call of a verified case (see :func:`verify`); None when it is not installed."""
+    if case.call is None:
+        return None
+    verify(case, expected, rtol, atol)
+    return seconds_per_call(case.call, settings)
+
+
+def not_installed(benchmark: str, variant: str) -> Row:
+    """The row of a variant whose peer or library is not installed."""
+    return (benchmark, variant, "not installed", "—", "—")
 
 
 def compare(benchmark: str, cases: Sequence[Case], expected: np.ndarray, settings: Settings,
-            show: Callable[[float], str], throughput: bool = False) -> list[Row]:
+            show: Callable[[float], str], throughput: bool = False, rtol: float = 0.0,
+            atol: float = 0.0) -> list[Row]:
     """Time each case against the first (the numpy baseline); rows in the cases' order.
 
     The ratio is time / baseline time, or with ``throughput`` baseline time / time.
+    Results are checked against ``expected`` within ``rtol`` and ``atol`` (exactly by default).
     """
-    timings: list[float | None] = []
-    for case in cases:
-        if case.call is not None:
-            verify(case, expected)
-        timings.append(None if case.call is None else seconds_per_call(case.call, settings))
+    timings = [measure(case, expected, settings, rtol, atol) for case in cases]
     base = timings[0]
     assert base is not None
     rows: list[Row] = []
     for case, seconds in zip(cases, timings):
         if seconds is None:
-            rows.append((benchmark, case.variant, "not installed", "—", "—"))
+            rows.append(not_installed(benchmark, case.variant))
             continue
         ratio = base / seconds if throughput else seconds / base
         verdict = case.target.verdict(ratio) if case.target else "—"
@@ -140,9 +209,9 @@ def compare(benchmark: str, cases: Sequence[Case], expected: np.ndarray, setting
     return rows
 
 
-def add_kernel(name: str = "add", cache: bool = True) -> Any:
+def add_kernel(name: str = "add", cache: bool = True, preset: str = "default") -> Any:
     """The memkernel add kernel: two inputs, the output from ``out=`` or allocated like them."""
-    return mlir_kernel(ADD.format(name=name), name=name, cache=cache)(lambda a, b: None)
+    return mlir_kernel(ADD.format(name=name), name=name, cache=cache, pipeline=preset)(lambda a, b: None)
 
 
 def execution_engine() -> ExecutionEngine:
@@ -229,9 +298,35 @@ def operands(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             np.zeros(n, np.float32))
 
 
+def small_integers(*shapes: tuple[int, ...]) -> list[np.ndarray]:
+    """Random float32 arrays of integers in [-4, 4], one per shape.
+
+    A matmul or convolution of them sums a few hundred products of magnitude ≤ 16: every
+    partial sum is an integer far below 2**24, exact in float32 in any order, so every
+    variant must equal numpy exactly.
+    """
+    rng = np.random.default_rng(0)
+    return [rng.integers(-4, 5, shape).astype(np.float32) for shape in shapes]
+
+
+def memref(shape: Sequence[int]) -> str:
+    """The static f32 memref type of ``shape``."""
+    return f"memref<{'x'.join(map(str, shape))}xf32>"
+
+
 def microseconds(seconds: float) -> str:
     """``seconds`` shown in µs."""
     return f"{seconds * 1e6:.3f} µs"
+
+
+def milliseconds(seconds: float) -> str:
+    """``seconds`` shown in ms."""
+    return f"{seconds * 1e3:.2f} ms"
+
+
+def per_second(amount: float, unit: str) -> Callable[[float], str]:
+    """Shows a time as ``amount`` (giga-``unit``) per second, then the time in ms."""
+    return lambda seconds: f"{amount / seconds / 1e9:.1f} {unit} ({milliseconds(seconds)})"
 
 
 def overhead_rows(settings: Settings) -> list[Row]:
@@ -259,17 +354,110 @@ def bandwidth_rows(settings: Settings) -> list[Row]:
     """GB/s of ``c = a + b`` into a preallocated output, counting 3 arrays of 4-byte elements."""
     n = settings.bandwidth_n
     a, b, c = operands(n)
-    kernel, nb = add_kernel(), numba_add()
-
-    def show(seconds: float) -> str:
-        return f"{3 * 4 * n / seconds / 1e9:.1f} GB/s ({seconds * 1e3:.2f} ms)"
-
+    kernel, fast, nb = add_kernel(), add_kernel(preset="fast"), numba_add()
     cases = [
         Case("np.add(a, b, out=c)", lambda: np.add(a, b, out=c), c),
         Case("memkernel add(a, b, out=c)", lambda: kernel(a, b, out=c), c, Target(0.9, at_least=True)),
+        Case("memkernel add, pipeline=fast", lambda: fast(a, b, out=c), c, Target(0.9, at_least=True)),
         Case("numba @njit loop add(a, b, c)", None if nb is None else lambda: nb(a, b, c), c),
     ]
-    return compare(f"bandwidth, {n:,}×f32, out=", cases, a + b, settings, show, throughput=True)
+    return compare(f"bandwidth, {n:,}×f32, out=", cases, a + b, settings, per_second(3 * 4 * n, "GB/s"),
+                   throughput=True)
+
+
+def sum_rows(settings: Settings) -> list[Row]:
+    """GB/s of summing float32s to one, counting the input: the tensor and memref forms of ``linalg.reduce``."""
+    n = settings.bandwidth_n
+    x = np.random.default_rng(0).standard_normal(n, dtype=np.float32)
+    tensor_fast, tensor_default, memref_fast = (
+        mlir_kernel(source, pipeline=preset)(lambda x: None)
+        for source, preset in ((TENSOR_SUM, "fast"), (TENSOR_SUM, "default"), (MEMREF_SUM, "fast")))
+    cases = [
+        Case("x.sum()", x.sum),
+        Case("memkernel tensor reduce, pipeline=fast", lambda: tensor_fast(x), target=Target(0.9, at_least=True)),
+        Case("memkernel tensor reduce, pipeline=default", lambda: tensor_default(x)),
+        Case("memkernel memref reduce, pipeline=fast", lambda: memref_fast(x)),
+    ]
+    # Each variant adds in its own order; rtol is the tests' bound for float32 sums.
+    return compare(f"sum, {n:,}×f32", cases, np.sum(x, dtype=np.float64), settings, per_second(4 * n, "GB/s"),
+                   throughput=True, rtol=1e-4)
+
+
+def matmul_kernel(memref_type: str, preset: str) -> Any:
+    """``linalg.matmul`` on three memrefs of ``memref_type``; the output comes from ``out=``."""
+    return mlir_kernel(MATMUL.format(t=memref_type), pipeline=preset)(lambda a, b: None)
+
+
+def matmul_rows(settings: Settings) -> list[Row]:
+    """GFLOP/s of a square f32 matmul into a preallocated output; numpy's BLAS on one thread by default."""
+    size = MATMUL_SIZE
+    a, b = small_integers((size, size), (size, size))
+    c = np.zeros((size, size), np.float32)
+    static = memref((size, size))
+    default, fast, dynamic = (matmul_kernel(static, "default"), matmul_kernel(static, "fast"),
+                              matmul_kernel("memref<?x?xf32>", "fast"))
+    # Timed calls accumulate into c (linalg.matmul adds to its output): the same work each time.
+    cases = [
+        Case(f"np.matmul(a, b, out=c), OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}",
+             lambda: np.matmul(a, b, out=c), c),
+        Case(f"memkernel {static}, pipeline=default", lambda: default(a, b, out=c), c),
+        Case(f"memkernel {static}, pipeline=fast", lambda: fast(a, b, out=c), c, Target(0.5, at_least=True)),
+        Case("memkernel memref<?x?xf32>, pipeline=fast", lambda: dynamic(a, b, out=c), c),
+    ]
+    return compare(f"matmul, {size}×{size}×{size} f32, out=", cases, a @ b, settings,
+                   per_second(2 * size**3, "GFLOP/s"), throughput=True)
+
+
+def im2col_conv(x: np.ndarray, filters: np.ndarray) -> np.ndarray:
+    """A stride-1, unpadded NHWC × HWCF convolution in numpy, im2col style.
+
+    The windows of ``x`` are a view, which ``np.tensordot`` copies into an im2col matrix
+    and multiplies by the filters in one BLAS call.
+    """
+    windows = np.lib.stride_tricks.sliding_window_view(x, filters.shape[:2], axis=(1, 2))  # n oh ow c kh kw
+    return np.tensordot(windows, filters, axes=([3, 4, 5], [2, 0, 1]))
+
+
+def conv_rows(settings: Settings) -> list[Row]:
+    """GFLOP/s of a 3×3 convolution, memkernel's ``linalg.conv_2d_nhwc_hwcf`` against numpy's im2col."""
+    (n, h, w, c), (kh, kw, _, f) = CONV_INPUT, CONV_FILTER
+    out_shape = (n, h - kh + 1, w - kw + 1, f)
+    x, filters = small_integers(CONV_INPUT, CONV_FILTER)
+    y = np.zeros(out_shape, np.float32)
+    source = CONV.format(x=memref(CONV_INPUT), w=memref(CONV_FILTER), y=memref(out_shape))
+    default, fast = (mlir_kernel(source, pipeline=preset)(lambda x, w: None) for preset in ("default", "fast"))
+    cases = [
+        Case("numpy im2col: sliding_window_view + tensordot", lambda: im2col_conv(x, filters)),
+        Case("memkernel conv_2d_nhwc_hwcf, pipeline=default", lambda: default(x, filters, out=y), y),
+        Case("memkernel conv_2d_nhwc_hwcf, pipeline=fast", lambda: fast(x, filters, out=y), y),
+    ]
+    flops = 2 * n * out_shape[1] * out_shape[2] * kh * kw * c * f
+    benchmark = f"conv {kh}×{kw}, {'×'.join(map(str, CONV_INPUT))} → {'×'.join(map(str, out_shape))} f32"
+    return compare(benchmark, cases, im2col_conv(x, filters), settings, per_second(flops, "GFLOP/s"),
+                   throughput=True)
+
+
+def parallel_rows(settings: Settings) -> list[Row]:
+    """``exp(exp(x))`` on a square float32 array: ``parallel=True`` against the serial kernel."""
+    x = np.linspace(-1, 1, EXP_SIDE * EXP_SIDE, dtype=np.float32).reshape(EXP_SIDE, EXP_SIDE)
+    y = np.zeros_like(x)
+    serial = mlir_kernel(EXP_EXP)(lambda x: None)
+    runtime = find_library(pipeline.ASYNC_RUNTIME) is not None
+    threaded = mlir_kernel(EXP_EXP, parallel=True)(lambda x: None) if runtime else None
+    cases = [
+        Case("memkernel exp(exp(x)), serial", lambda: serial(x, out=y), y),
+        Case(f"memkernel exp(exp(x)), parallel=True ({os.cpu_count()} workers)",
+             None if threaded is None else lambda: threaded(x, out=y), y),
+    ]
+    # libm's expf against numpy's own exp: a few ulps apart.
+    base, seconds = (measure(case, np.exp(np.exp(x)), settings, rtol=1e-5) for case in cases)
+    assert base is not None
+    benchmark = f"parallel=True, exp(exp(x)), {EXP_SIDE}×{EXP_SIDE}×f32, out="
+    rows = [(benchmark, cases[0].variant, milliseconds(base), "1.00 (base: serial)", "—")]
+    if seconds is None:
+        return [*rows, not_installed(benchmark, cases[1].variant)]
+    ratio = f"{seconds / base:.2f} of serial ({base / seconds:.2f}× speedup)"
+    return [*rows, (benchmark, cases[1].variant, milliseconds(seconds), ratio, "—")]
 
 
 def unique_name() -> str:
@@ -312,16 +500,12 @@ def compile_rows(settings: Settings) -> list[Row]:
     first_call_seconds(name, cache=True)
     warm = min(first_call_seconds(name, cache=True) for _ in range(settings.repeats))
     uncached, cached = disk_cache_seconds(repeats)
-
-    def ms(seconds: float) -> str:
-        return f"{seconds * 1e3:.2f} ms"
-
     benchmark = "compile, add kernel"
     return [
-        (benchmark, "in process, cache=False (compiles)", ms(cold), "1.00 (base A)", "—"),
-        (benchmark, "in process, re-decorated (memory cache)", ms(warm), f"{warm / cold:.3f} of A", "—"),
-        (benchmark, "fresh process, empty disk cache", ms(uncached), "1.00 (base B)", "—"),
-        (benchmark, "fresh process, disk cache hit", ms(cached), f"{cached / uncached:.3f} of B",
+        (benchmark, "in process, cache=False (compiles)", milliseconds(cold), "1.00 (base A)", "—"),
+        (benchmark, "in process, re-decorated (memory cache)", milliseconds(warm), f"{warm / cold:.3f} of A", "—"),
+        (benchmark, "fresh process, empty disk cache", milliseconds(uncached), "1.00 (base B)", "—"),
+        (benchmark, "fresh process, disk cache hit", milliseconds(cached), f"{cached / uncached:.3f} of B",
          Target(0.2).verdict(cached / uncached)),
     ]
 
@@ -342,20 +526,54 @@ def cpu_model() -> str:
     return models[0] if models else platform.processor() or platform.machine()
 
 
+def numpy_blas() -> str:
+    """numpy's OpenBLAS as it runs in this process: version, the CPU kernels it picked, threads.
+
+    Read from the library numpy loaded (found in /proc/self/maps), as threadpoolctl does.
+    """
+    maps = Path("/proc/self/maps")
+    lines = maps.read_text().splitlines() if maps.exists() else []
+    paths = sorted({line.split()[-1] for line in lines if "openblas" in line.rsplit("/", 1)[-1]})
+    for path in paths:
+        library = ctypes.CDLL(path)
+        for prefix, suffix in OPENBLAS_NAMES:
+            config = getattr(library, f"{prefix}get_config{suffix}", None)
+            if config is None:
+                continue
+            corename = getattr(library, f"{prefix}get_corename{suffix}")
+            threads = getattr(library, f"{prefix}get_num_threads{suffix}")()
+            config.restype = corename.restype = ctypes.c_char_p
+            name = " ".join(config().decode().split()[:2])
+            return f"{name}, {corename().decode()} kernels, {threads} thread{'s' if threads > 1 else ''}"
+    return "not OpenBLAS"
+
+
 def machine() -> str:
-    """One line: the CPU, Python and the versions of what is compared."""
+    """One line: the CPU, Python, the versions of what is compared and numpy's BLAS."""
     packages = ["memkernel", "numpy", "xtc-mlir-python-bindings", "numba", "iree-base-compiler",
                 "iree-base-runtime"]
     listed = ", ".join(f"{p} {version(p)}" for p in packages)
-    return f"{cpu_model()} ({os.cpu_count()} CPUs), Python {platform.python_version()}; {listed}"
+    return (f"{cpu_model()} ({os.cpu_count()} CPUs), Python {platform.python_version()}; {listed}; "
+            f"numpy's BLAS: {numpy_blas()}")
 
 
 NOTES = """\
 - Each time is the minimum over repeats of the mean of a timeit loop, after a call that
   checks the result against numpy. The ratio is time / numpy time of the same group, except
-  for bandwidth (GB/s / numpy GB/s, higher is better) and compile time (see its rows).
-- Targets: memkernel `out=` ≤ 3× `np.add(out=)`; allocating ≤ 5× `np.add`; bandwidth ≥ 0.9
-  of numpy; disk cache hit ≤ 0.2 of the fresh-process compile (base B).
+  for the rows shown in GB/s or GFLOP/s (throughput / numpy's, higher is better), the
+  parallel rows (time / serial time) and compile time (see its rows).
+- Targets: memkernel `out=` ≤ 3× `np.add(out=)`; allocating ≤ 5× `np.add`; add bandwidth
+  ≥ 0.9 of numpy with either pipeline; sum with `pipeline="fast"` ≥ 0.9 of `x.sum()`;
+  static matmul with `pipeline="fast"` ≥ 0.5 of numpy; disk cache hit ≤ 0.2 of the
+  fresh-process compile (base B). The other rows have no target.
+- numpy's BLAS should run on one thread, as memkernel's kernels do (`parallel=True`
+  aside), and without the `OPENBLAS_CORETYPE`/`OPENBLAS_L2_SIZE` overrides some machines
+  set for old OpenBLAS builds: run the script as `env -u OPENBLAS_CORETYPE -u
+  OPENBLAS_L2_SIZE OPENBLAS_NUM_THREADS=1 python benchmarks/run.py`. The machine line shows
+  the BLAS kernels and threads numpy actually used.
+- The memref sum is not vectorized by design: its output may alias its input, so the fast
+  preset leaves it to the default lowering (a serial chain of adds). The fast preset has
+  no strategy for elementwise ops or convolutions: those rows take the default lowering.
 - bare ctypes: the kernel's packed C interface called on descriptors built once: the floor
   of any Python caller. upstream: `ExecutionEngine.invoke` with `get_ranked_memref_descriptor`
   per call. IREE returns a new array (`.to_host()`), so it is timed against `np.add(a, b)`;
@@ -387,7 +605,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else FULL
     os.environ["MEMKERNEL_CACHE_DIR"] = ""  # in this process: no disk cache, and the user's is untouched
-    rows = overhead_rows(settings) + bandwidth_rows(settings) + compile_rows(settings)
+    sections = (overhead_rows, bandwidth_rows, sum_rows, matmul_rows, conv_rows, parallel_rows, compile_rows)
+    rows = [row for section in sections for row in section(settings)]
     command = "python benchmarks/run.py" + (" --quick" if args.quick else "")
     report = markdown(rows, machine(), command)
     print(report)
