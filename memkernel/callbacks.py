@@ -65,16 +65,30 @@ def _view(spec: MemRefSpec | UnrankedSpec, pointer: int) -> np.ndarray:
     return np.asarray(ExposedMemory(None, data, shape, strides, dtype.itemsize)).view(dtype)
 
 
-class PendingErrors(threading.local):
-    """Exceptions raised by callbacks during the current thread's kernel call."""
+class PendingErrors:
+    """Exceptions raised by a kernel's callbacks, kept until its call returns.
+
+    Callbacks may run on the async runtime's worker threads (``parallel=True``), so
+    the errors are kept for the kernel, not per thread: if two Python threads call
+    the same kernel at once, an error may surface in the other thread's call, but
+    it is never lost.
+    """
 
     def __init__(self) -> None:
-        self.errors: list[BaseException] = []
+        self._lock = threading.Lock()
+        self._errors: list[BaseException] = []
+
+    def add(self, error: BaseException) -> None:
+        with self._lock:
+            self._errors.append(error)
 
     def raise_first(self) -> None:
-        if self.errors:
-            first, self.errors = self.errors[0], []
-            raise first
+        """Raise the first error kept (and forget the others), if any."""
+        if self._errors:
+            with self._lock:
+                errors, self._errors = self._errors, []
+            if errors:
+                raise errors[0]
 
 
 @dataclass
@@ -104,7 +118,7 @@ def _bind(name: str, signature: Signature, python: Callable[..., Any], pending: 
             returned = python(*values)
             return None if restype is None else restype(returned).value
         except BaseException as exc:  # the kernel cannot unwind: keep it for the caller
-            pending.errors.append(exc)
+            pending.add(exc)
             return None if restype is None else restype().value
 
     return BoundCallback(f"_mlir_ciface_{name}", ctypes.CFUNCTYPE(restype, *argtypes)(trampoline))

@@ -228,3 +228,15 @@ def test_parallel_without_the_async_runtime_is_a_clear_error(monkeypatch):
 def test_parallel_with_a_custom_pipeline_is_an_error():
     with pytest.raises(CompileError, match="parallel=True applies to the preset pipelines"):
         mlir_kernel(PARALLEL_FILL, parallel=True, pipeline="canonicalize")(lambda out: None)
+
+
+def test_an_exception_in_a_callback_on_a_worker_thread_is_raised_from_the_call():
+    def visit(i):
+        if i == 6000:
+            raise LookupError("iteration 6000")
+
+    kernel = mlir_kernel(PARALLEL_FILL, parallel=True, callbacks={"visit": visit})(lambda out: None)
+    out = np.zeros(8192, np.int64)
+    with pytest.raises(LookupError, match="iteration 6000"):
+        kernel(out)
+    np.testing.assert_array_equal(out, 2 * np.arange(8192))
