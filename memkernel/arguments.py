@@ -96,6 +96,11 @@ class Binder:
 
     @property
     def struct_format(self) -> str:
+        """``struct`` format of the values :meth:`bind` returns."""
+        raise NotImplementedError
+
+    def bind(self, value: Any, state: CallState) -> tuple[Any, ...]:
+        """Check ``value`` and return the raw values to pack; raise the error that explains it if wrong."""
         raise NotImplementedError
 
     def _where(self) -> str:

@@ -53,7 +53,8 @@ def _ctype(spec: ArgSpec, where: str) -> Any:
 def _view(spec: MemRefSpec | UnrankedSpec, pointer: int) -> np.ndarray:
     """A numpy view of the memref whose descriptor is at ``pointer``."""
     if isinstance(spec, UnrankedSpec):
-        rank, pointer = ctypes.c_int64.from_address(pointer).value, ctypes.c_void_p.from_address(pointer + 8).value
+        rank = ctypes.c_int64.from_address(pointer).value
+        pointer = ctypes.c_void_p.from_address(pointer + 8).value or 0
     else:
         rank = spec.rank
     layout = ranked_struct(rank)

@@ -44,8 +44,9 @@ class OutputAllocator:
         self.outputs = tuple(outputs)
         self.shape_function = shape_function
         # Per output: its static shape (None if it has a `?` dim) and the inputs of its shape pattern.
-        self._static = tuple(
-            spec.shape if isinstance(spec, MemRefSpec) and None not in spec.shape else None
+        self._static: tuple[tuple[int, ...] | None, ...] = tuple(
+            tuple(d for d in spec.shape if d is not None)
+            if isinstance(spec, MemRefSpec) and None not in spec.shape else None
             for _, spec in self.outputs
         )
         self._dtypes = tuple(spec.element.dtype for _, spec in self.outputs)
@@ -114,9 +115,9 @@ class OutputAllocator:
             shape = tuple(operator.index(d) for d in returned)
             self._check(name, spec, shape)
             return shape
-        shape = self._like_shape(i, values)
-        if shape is not None:
-            return shape
+        agreed = self._like_shape(i, values)
+        if agreed is not None:
+            return agreed
         like = {tuple(np.shape(values[j])) for j in self._like[i]}
         reason = (
             "the inputs of that shape pattern disagree: " + ", ".join(str(s) for s in sorted(like))

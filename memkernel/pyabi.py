@@ -61,8 +61,8 @@ def _layout_holds() -> bool:
     contiguous = np.zeros(3)
     contiguous_flags = ctypes.c_int32.from_address(id(contiguous) + LAYOUT.array_flags).value
     checks += [
-        not flags & LAYOUT.c_contiguous and flags & LAYOUT.aligned and flags & LAYOUT.writeable,
-        contiguous_flags & LAYOUT.c_contiguous,
+        bool(not flags & LAYOUT.c_contiguous and flags & LAYOUT.aligned and flags & LAYOUT.writeable),
+        bool(contiguous_flags & LAYOUT.c_contiguous),
     ]
     items = (array, contiguous)
     checks += [

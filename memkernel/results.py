@@ -66,7 +66,7 @@ class ResultReader:
         """
         raw = self._struct.unpack_from(buffer, offset)
         adopter = ResultAdopter(call_buffers or {}) if self.has_memrefs else None
-        decoded = []
+        decoded: list[Any] = []
         position = 0
         for result, width in zip(self.results, self._widths):
             values = raw[position:position + width]

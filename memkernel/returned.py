@@ -75,7 +75,7 @@ class ResultAdopter:
         data = aligned + offset * dtype.itemsize
         if allocated == GLOBAL_MEMORY:
             return np.array(np.asarray(ExposedMemory(None, data, shape, strides, dtype.itemsize)).view(dtype))
-        owner = self.call_buffers.get(allocated)
+        owner: object | None = self.call_buffers.get(allocated)
         if owner is not None and spec.tensor:
             # A tensor result is a value: never a view of an input.
             return np.array(np.asarray(ExposedMemory(owner, data, shape, strides, dtype.itemsize)).view(dtype))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numbers
 import operator
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -74,6 +74,8 @@ def _encode_inexact(value: Any, element: ElementType) -> tuple[Any, ...]:
     try:
         with np.errstate(over="ignore", invalid="ignore"):
             converted = np.asarray(value).astype(element.dtype)
+        parts: tuple[float, ...]
+        got: tuple[float, ...]
         if element.kind == "complex":
             parts = (complex(value).real, complex(value).imag)
             got = (float(converted.real), float(converted.imag))
@@ -106,4 +108,4 @@ def decode(raw: tuple[Any, ...], element: ElementType) -> np.generic:
     if element.kind == "float" and not element.bits_are_packed:
         return element.dtype.type(raw[0])
     bits = np.array(raw[0], dtype=_UNSIGNED[element.itemsize])
-    return bits.view(element.dtype)[()]
+    return cast(np.generic, bits.view(element.dtype)[()])

@@ -344,9 +344,10 @@ llvm.func @{self.function}(%self: !llvm.ptr, %argv: !llvm.ptr, %nargs: i64) -> !
 
 def fast_path(name: str, arguments: Sequence[FastArgument], results: Sequence[ArgSpec]) -> FastPath | None:
     """The fast path for a kernel, or None if one of its argument kinds is not handled."""
-    if not all(_handles(a.spec) for a in arguments) or not all(isinstance(r, ScalarSpec) for r in results):
+    scalars = [r for r in results if isinstance(r, ScalarSpec)]
+    if not all(_handles(a.spec) for a in arguments) or len(scalars) != len(results):
         return None
-    return _Generator(name, arguments, results).generate()
+    return _Generator(name, arguments, scalars).generate()
 
 
 def _function(module: ir.Module, name: str) -> ir.Operation | None:
