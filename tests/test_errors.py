@@ -616,3 +616,20 @@ def test_output_shape_hint_names_every_output_when_there_are_several():
     k = decorate("func.func @k(%a: memref<?xf32>, %c: memref<?x?xf32>, %d: memref<4xf32>) { return }", none1)
     with raises(ShapeError, match=esc("e.g. `return ((n, n), (4,))`")):
         k(np.ones(3, np.float32))
+
+
+def test_f8_arithmetic_without_the_runtime_libraries_names_the_missing_routines(monkeypatch):
+    import memkernel.libraries
+
+    real = memkernel.libraries.find_library
+    missing = memkernel.libraries.RUNTIME_LIBRARIES  # as without memkernel[runtime]
+    monkeypatch.setattr(memkernel.libraries, "find_library", lambda name: None if name in missing else real(name))
+    source = """func.func @k(%a: f8E4M3FN, %b: f8E4M3FN) -> f8E4M3FN {
+  %s = arith.addf %a, %b : f8E4M3FN
+  return %s : f8E4M3FN
+}"""
+    kernel = decorate(source, lambda a, b: None, cache=False)
+    with raises(CompileError, match=r"@k calls _mlir_apfloat_\w+.*which no linked library defines.*"
+                                    r"the APFloat routines of f8 arithmetic\) come with: "
+                                    + esc("pip install 'memkernel[runtime]'")):
+        kernel.compile()
