@@ -86,6 +86,7 @@ def _message(pointer: int, dispose: str) -> str:
     return text
 
 
+@functools.lru_cache(maxsize=None)
 def host_cpu() -> str:
     """The host CPU's name and features as LLVM sees them: compiled code is specific to them."""
     llvm = _llvm()
