@@ -22,9 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from .descriptors import ranked_struct
 from .errors import SignatureError
-from .returned import ExposedMemory
+from .returned import descriptor_array, read_descriptor
 from .signature import ArgSpec, MemRefSpec, ScalarSpec, Signature, UnrankedSpec, read_signature
 from .source import ParsedSource
 
@@ -57,13 +56,7 @@ def _view(spec: MemRefSpec | UnrankedSpec, pointer: int) -> np.ndarray:
         pointer = ctypes.c_void_p.from_address(pointer + 8).value or 0
     else:
         rank = spec.rank
-    layout = ranked_struct(rank)
-    fields = layout.unpack(ctypes.string_at(pointer, layout.size))
-    dtype = spec.element.dtype
-    shape = tuple(fields[3:3 + rank])
-    strides = tuple(s * dtype.itemsize for s in fields[3 + rank:])
-    data = fields[1] + fields[2] * dtype.itemsize
-    return np.asarray(ExposedMemory(None, data, shape, strides, dtype.itemsize)).view(dtype)
+    return descriptor_array(read_descriptor(pointer, rank), spec.element.dtype, None)
 
 
 class PendingErrors:

@@ -58,6 +58,21 @@ class ExposedMemory:
         }
 
 
+def read_descriptor(address: int, rank: int) -> tuple[int, ...]:
+    """The fields of the rank-``rank`` descriptor stored at ``address``."""
+    layout = ranked_struct(rank)
+    return layout.unpack(ctypes.string_at(address, layout.size))
+
+
+def descriptor_array(fields: tuple[int, ...], dtype: np.dtype, owner: object) -> np.ndarray:
+    """A numpy view of the memory a ranked descriptor's ``fields`` describe, keeping ``owner`` alive."""
+    rank = (len(fields) - 3) // 2
+    shape = tuple(fields[3:3 + rank])
+    strides = tuple(s * dtype.itemsize for s in fields[3 + rank:])
+    data = fields[1] + fields[2] * dtype.itemsize
+    return np.asarray(ExposedMemory(owner, data, shape, strides, dtype.itemsize)).view(dtype)
+
+
 class ResultAdopter:
     """Turns one call's returned descriptors into arrays; shares owners between results of the call."""
 
@@ -68,27 +83,22 @@ class ResultAdopter:
     def array(self, spec: MemRefSpec | UnrankedSpec, fields: tuple[int, ...]) -> np.ndarray:
         """The array for a ranked descriptor's ``fields`` (allocated, aligned, offset, sizes..., strides...)."""
         dtype = spec.element.dtype
-        allocated, aligned, offset = fields[0], fields[1], fields[2]
-        rank = (len(fields) - 3) // 2
-        shape = tuple(fields[3:3 + rank])
-        strides = tuple(s * dtype.itemsize for s in fields[3 + rank:])
-        data = aligned + offset * dtype.itemsize
+        allocated = fields[0]
         if allocated == GLOBAL_MEMORY:
-            return np.array(np.asarray(ExposedMemory(None, data, shape, strides, dtype.itemsize)).view(dtype))
+            return np.array(descriptor_array(fields, dtype, None))
         owner: object | None = self.call_buffers.get(allocated)
         if owner is not None and spec.tensor:
             # A tensor result is a value: never a view of an input.
-            return np.array(np.asarray(ExposedMemory(owner, data, shape, strides, dtype.itemsize)).view(dtype))
+            return np.array(descriptor_array(fields, dtype, owner))
         if owner is None:
             owner = self.owners.get(allocated)
             if owner is None:
                 owner = self.owners[allocated] = HeapBuffer(allocated)
-        return np.asarray(ExposedMemory(owner, data, shape, strides, dtype.itemsize)).view(dtype)
+        return descriptor_array(fields, dtype, owner)
 
     def unranked(self, spec: UnrankedSpec, rank: int, descriptor: int) -> np.ndarray:
         """The array for an unranked result; frees the heap copy of its ranked descriptor."""
-        layout = ranked_struct(rank)
-        fields = layout.unpack(ctypes.string_at(descriptor, layout.size))
+        fields = read_descriptor(descriptor, rank)
         _free(descriptor)
         return self.array(spec, fields)
 
