@@ -39,6 +39,11 @@ def data_pointer(array: np.ndarray) -> int:
     return array.ctypes.data
 
 
+def align(offset: int, alignment: int) -> int:
+    """``offset`` rounded up to a multiple of ``alignment``."""
+    return -(-offset // alignment) * alignment
+
+
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     """Row-major element strides of a contiguous buffer of ``shape``."""
     strides = [1] * len(shape)

@@ -16,15 +16,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from .arguments import Binder, CallState, MemRefBinder, UnrankedBinder
+from .descriptors import align
 from .results import ResultReader
 from .signature import ArgSpec
 
 _WORD = 8
 _ENTRY = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-
-
-def _align(offset: int, alignment: int) -> int:
-    return -(-offset // alignment) * alignment
 
 
 class _Frame:
@@ -69,7 +66,7 @@ class CallPlan:
         self._values_offset = offset
         fmt = "<"
         for i, binder in enumerate(binders):
-            start = _align(offset, _WORD)
+            start = align(offset, _WORD)
             fmt += "x" * (start - offset)
             if i in descriptor_pointer:
                 pointer_slots.append((descriptor_pointer[i], start))
@@ -82,7 +79,7 @@ class CallPlan:
         offset = self._values_offset + self._values.size
 
         # Results: one value stored through the trailing slot, or an LLVM struct through the first.
-        self._results_offset = _align(offset, 16)
+        self._results_offset = align(offset, 16)
         if struct_result:
             assert result_pointer is not None
             pointer_slots.append((0, result_pointer))

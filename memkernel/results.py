@@ -15,12 +15,9 @@ from typing import Any
 import numpy as np
 
 from . import scalars
+from .descriptors import align
 from .returned import ResultAdopter, descriptor_format
 from .signature import ArgSpec, ScalarSpec, UnrankedSpec
-
-
-def _align(offset: int, alignment: int) -> int:
-    return -(-offset // alignment) * alignment
 
 
 def _field(spec: ArgSpec) -> tuple[str, int, int]:
@@ -40,13 +37,13 @@ class ResultReader:
         self._widths = []
         for result in self.results:
             field_format, size, alignment = _field(result)
-            padded = _align(offset, alignment)
+            padded = align(offset, alignment)
             fmt += "x" * (padded - offset) + field_format
             offset = padded + size
             widest = max(widest, alignment)
             self._widths.append(len(struct.unpack("<" + field_format, bytes(size))))
         self._struct = struct.Struct(fmt)
-        self.size = max(_align(offset, widest), 8)
+        self.size = max(align(offset, widest), 8)
         self.has_memrefs = any(not isinstance(r, ScalarSpec) for r in self.results)
 
     @property
