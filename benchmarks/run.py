@@ -32,8 +32,9 @@ from mlir import ir
 from mlir.execution_engine import ExecutionEngine
 from mlir.runtime.np_to_memref import get_ranked_memref_descriptor
 
-from memkernel import mlir_kernel, pipeline
-from memkernel.libraries import find_library
+from memkernel import mlir_kernel
+from memkernel.compile import pipeline
+from memkernel.compile.libraries import find_library
 
 ADD = """func.func @{name}(%a: memref<?xf32>, %b: memref<?xf32>, %c: memref<?xf32>) {{
   linalg.add ins(%a, %b : memref<?xf32>, memref<?xf32>) outs(%c : memref<?xf32>)

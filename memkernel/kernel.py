@@ -19,23 +19,24 @@ from typing import Any
 
 import numpy as np
 
-from . import cache as kernel_cache
-from . import libraries, pyabi
-from .arguments import Binder, CallState, MemRefBinder, ScalarBinder, UnrankedBinder
-from .callbacks import PendingErrors, bind_callbacks
-from .compiler import CompiledFunction, compile_function, load_function, lower_kernel
-from .effects import written_arguments
+from .compile import cache as kernel_cache
+from .compile import libraries
+from .fastpath import abi as pyabi
+from .call.binders import Binder, CallState, MemRefBinder, ScalarBinder, UnrankedBinder
+from .call.callbacks import PendingErrors, bind_callbacks
+from .compile.engine import CompiledFunction, compile_function, load_function, lower_kernel
+from .spec.writes import written_arguments
 from .errors import ArgumentError, ShapeError, SignatureError
-from .fastcall import FastFunction
-from .invoke import Invoker, invoker, with_output_capture
-from .jit import ObjectLoadError
-from .outputs import OutputAllocator
-from .pipeline import STAGES, Pipeline, check_before_lowering, parse_pipeline
-from .plan import CallPlan
-from .signature import ArgSpec, MemRefSpec, ScalarSpec, Signature, UnrankedSpec, read_signature
-from .source import MLIR_LOCK, ParsedSource, parse_source
-from .thunk import FastArgument, FastPath, fast_path
-from .translate import to_llvm_ir
+from .fastpath.builtin import FastFunction
+from .call.invoker import Invoker, invoker, with_output_capture
+from .compile.objects import ObjectLoadError
+from .call.allocation import OutputAllocator
+from .compile.pipeline import STAGES, Pipeline, check_before_lowering, parse_pipeline
+from .call.plan import CallPlan
+from .spec.signature import ArgSpec, MemRefSpec, ScalarSpec, Signature, UnrankedSpec, read_signature
+from .spec.source import MLIR_LOCK, ParsedSource, parse_source
+from .fastpath.emitter import FastArgument, FastPath, fast_path
+from .compile.translate import to_llvm_ir
 
 _PARAMETER = inspect.Parameter
 

@@ -1,0 +1,159 @@
+"""Shaping and allocating the output arguments a call does not pass.
+
+A static dim comes from the memref type. A ``?`` dim comes, in order, from the
+``out=`` array, from the shape the decorated Python function returns, or from
+the inputs that have the same memref shape pattern when they all agree.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import ShapeError
+from ..spec.signature import MemRefSpec, UnrankedSpec
+
+_NOT_CALLED = object()
+
+
+def _is_shape(value: Any) -> bool:
+    if not isinstance(value, (tuple, list)):
+        return False
+    try:
+        for d in value:
+            operator.index(d)
+    except TypeError:
+        return False
+    return True
+
+
+class OutputAllocator:
+    """Allocates zero-filled arrays for the outputs that ``out=`` leaves out."""
+
+    def __init__(
+        self,
+        kernel: str,
+        outputs: Sequence[tuple[str, MemRefSpec | UnrankedSpec]],
+        inputs: Sequence[tuple[int, MemRefSpec]],
+        shape_function: Callable[..., Any],
+    ) -> None:
+        self.kernel = kernel
+        self.outputs = tuple(outputs)
+        self.shape_function = shape_function
+        # Per output: its static shape (None if it has a `?` dim) and the inputs of its shape pattern.
+        self._static: tuple[tuple[int, ...] | None, ...] = tuple(
+            tuple(d for d in spec.shape if d is not None)
+            if isinstance(spec, MemRefSpec) and None not in spec.shape else None
+            for _, spec in self.outputs
+        )
+        self._dtypes = tuple(spec.element.dtype for _, spec in self.outputs)
+        self._like = tuple(
+            tuple(j for j, input_spec in inputs if isinstance(spec, MemRefSpec) and input_spec.same_pattern(spec))
+            for _, spec in self.outputs
+        )
+
+    def allocate_all(self, values: Sequence[Any]) -> tuple[Any, ...]:
+        """New zeroed arrays for every output (the call gave no ``out=``); one output is the quick case."""
+        if len(self.outputs) == 1:
+            static = self._static[0]
+            if static is not None:
+                return (np.zeros(static, dtype=self._dtypes[0]),)
+            returned = self.shape_function(*values)
+            shape = self._like_shape(0, values) if returned is None else None
+            if shape is not None:
+                return (np.zeros(shape, dtype=self._dtypes[0]),)
+            return self.allocate(values, (None,), self._normalized(returned))
+        return self.allocate(values, (None,) * len(self.outputs))
+
+    def allocate(self, values: Sequence[Any], given: Sequence[Any], returned: Any = _NOT_CALLED) -> tuple[Any, ...]:
+        """The arrays for every output: ``given[i]`` where not None, else a new zeroed array.
+
+        ``returned`` is what the decorated function returned, normalized, if it was already called.
+        """
+        arrays = list(given)
+        for i, (name, spec) in enumerate(self.outputs):
+            if arrays[i] is not None:
+                continue
+            static = self._static[i]
+            if static is not None:
+                arrays[i] = np.zeros(static, dtype=spec.element.dtype)
+                continue
+            if isinstance(spec, UnrankedSpec):
+                raise ShapeError(
+                    f"{self.kernel}(): output '{name}' is {spec.mlir}, whose rank is unknown, so "
+                    f"memkernel cannot allocate it. Pass out= with an array of dtype {spec.element.dtype.name}."
+                )
+            if returned is _NOT_CALLED:
+                returned = self._returned_shapes(values)
+            arrays[i] = np.zeros(self._shape(i, name, spec, returned[i], values), dtype=spec.element.dtype)
+        return tuple(arrays)
+
+    def _returned_shapes(self, values: Sequence[Any]) -> tuple[Any, ...]:
+        """What the decorated function returns, one entry (a shape or None) per output."""
+        return self._normalized(self.shape_function(*values))
+
+    def _normalized(self, returned: Any) -> tuple[Any, ...]:
+        count = len(self.outputs)
+        if returned is None:
+            return (None,) * count
+        if count == 1 and _is_shape(returned):
+            return (tuple(returned),)
+        if isinstance(returned, (tuple, list)) and len(returned) == count and all(
+                r is None or _is_shape(r) for r in returned):
+            return tuple(returned)
+        expected = "a shape tuple" if count == 1 else f"a tuple of {count} shape tuples (or None)"
+        raise ShapeError(
+            f"{self.kernel}(): the decorated function returned {returned!r}; to give the output "
+            f"shapes it must return {expected}, or None."
+        )
+
+    def _shape(self, i: int, name: str, spec: MemRefSpec, returned: Any, values: Sequence[Any]) -> tuple[int, ...]:
+        if returned is not None:
+            shape = tuple(operator.index(d) for d in returned)
+            self._check(name, spec, shape)
+            return shape
+        agreed = self._like_shape(i, values)
+        if agreed is not None:
+            return agreed
+        like = {tuple(np.shape(values[j])) for j in self._like[i]}
+        reason = (
+            "the inputs of that shape pattern disagree: " + ", ".join(str(s) for s in sorted(like))
+            if like else "no input has that shape pattern"
+        )
+        raise ShapeError(
+            f"{self.kernel}(): cannot derive the shape of output '{name}' ({spec.mlir}): {reason}. "
+            f"Return the output shapes from the decorated function (e.g. `return {self._example()}`), "
+            f"or pass out=."
+        )
+
+    def _like_shape(self, i: int, values: Sequence[Any]) -> tuple[int, ...] | None:
+        """The shape shared by every input of output ``i``'s shape pattern; None if none or they disagree."""
+        shape = None
+        for j in self._like[i]:
+            value = values[j]
+            found = value.shape if type(value) is np.ndarray else tuple(np.shape(value))
+            if shape is None:
+                shape = found
+            elif found != shape:
+                return None
+        return shape
+
+    def _example(self) -> str:
+        """A value for the decorated function to return that gives every output's shape."""
+        shapes = []
+        for _, spec in self.outputs:
+            dims = ["n" if d is None else str(d) for d in getattr(spec, "shape", ("n",))]
+            shapes.append(f"({dims[0]},)" if len(dims) == 1 else f"({', '.join(dims)})")
+        return shapes[0] if len(shapes) == 1 else f"({', '.join(shapes)})"
+
+    def _check(self, name: str, spec: MemRefSpec, shape: tuple[int, ...]) -> None:
+        wrong = len(shape) != spec.rank or any(d < 0 for d in shape) or any(
+            want is not None and want != have for want, have in zip(spec.shape, shape))
+        if wrong:
+            raise ShapeError(
+                f"{self.kernel}(): the decorated function gave shape {shape} for output '{name}', "
+                f"which does not fit {spec.mlir}."
+            )

@@ -1,0 +1,111 @@
+"""The call plan: everything about a call that the signature fixes, computed once.
+
+The compiled entry point is the packed wrapper ``void f(void** args)``. A
+:class:`CallPlan` lays out, once, a frame that holds that ``args`` array, the
+descriptor pointers, every argument's descriptor or scalar bytes and the result
+storage, all at fixed offsets. A call packs the arguments' changing values into
+the frame with one ``struct`` call and invokes the function pointer. Frames are
+pooled, so threads (and re-entrant calls) never share one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+from .binders import Binder, CallState, MemRefBinder, UnrankedBinder
+from .descriptors import align
+from .results import ResultReader
+from ..spec.signature import ArgSpec
+
+_WORD = 8
+_ENTRY = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class _Frame:
+    """One call's memory: ``args`` array, descriptor pointers, argument values, results."""
+
+    def __init__(self, plan: CallPlan) -> None:
+        self.buffer = ctypes.create_string_buffer(plan.frame_size)
+        self.address = ctypes.addressof(self.buffer)
+        base = self.address
+        for slot, target in plan.pointer_slots:
+            struct.pack_into("<Q", self.buffer, slot, base + target)
+
+
+class CallPlan:
+    """Packs arguments into a frame, calls the kernel and decodes its results."""
+
+    def __init__(self, binders: Sequence[Binder], results: Sequence[ArgSpec], address: int,
+                 keep_alive: Any) -> None:
+        self.binders = tuple(binders)
+        self._reader = ResultReader(results)
+        self._function = _ENTRY(address)
+        self._keep_alive = keep_alive
+        self._frames: list[_Frame] = []
+
+        struct_result = self._reader.is_struct
+        n_slots = len(binders) + (1 if results else 0)
+        first_arg_slot = 1 if struct_result else 0
+        offset = n_slots * _WORD
+        pointer_slots: list[tuple[int, int]] = []  # (where a pointer is stored, frame offset it points to)
+
+        # Memref arguments are passed as pointers to descriptors: one slot per pointer.
+        descriptor_pointer: dict[int, int] = {}
+        for i, binder in enumerate(binders):
+            if isinstance(binder, (MemRefBinder, UnrankedBinder)):
+                descriptor_pointer[i] = offset
+                offset += _WORD
+        result_pointer = offset if struct_result else None
+        if struct_result:
+            offset += _WORD
+
+        # Argument values, each 8-byte aligned, packed by one struct.
+        self._values_offset = offset
+        fmt = "<"
+        for i, binder in enumerate(binders):
+            start = align(offset, _WORD)
+            fmt += "x" * (start - offset)
+            if i in descriptor_pointer:
+                pointer_slots.append((descriptor_pointer[i], start))
+                pointer_slots.append(((first_arg_slot + i) * _WORD, descriptor_pointer[i]))
+            else:
+                pointer_slots.append(((first_arg_slot + i) * _WORD, start))
+            fmt += binder.struct_format
+            offset = start + struct.calcsize("<" + binder.struct_format)
+        self._values = struct.Struct(fmt)
+        offset = self._values_offset + self._values.size
+
+        # Results: one value stored through the trailing slot, or an LLVM struct through the first.
+        self._results_offset = align(offset, 16)
+        if struct_result:
+            assert result_pointer is not None
+            pointer_slots.append((0, result_pointer))
+            pointer_slots.append((result_pointer, self._results_offset))
+        elif results:
+            pointer_slots.append((len(binders) * _WORD, self._results_offset))
+        self.frame_size = self._results_offset + self._reader.size
+        self.pointer_slots = tuple(pointer_slots)
+
+    def call(self, values: Sequence[Any]) -> tuple[Any, ...]:
+        """Run the kernel on ``values`` (one per MLIR argument); return its decoded results."""
+        state = CallState()
+        results_wanted = bool(self._reader.results)
+        packed: list[Any] = []
+        for binder, value in zip(self.binders, values):
+            packed.extend(binder.bind(value, state))
+        try:
+            frame = self._frames.pop()
+        except IndexError:
+            frame = _Frame(self)
+        try:
+            self._values.pack_into(frame.buffer, self._values_offset, *packed)
+            self._function(frame.address)
+            results = (self._reader.read(frame.buffer, self._results_offset, state.buffers)
+                       if results_wanted else ())
+        finally:
+            self._frames.append(frame)
+        state.finish()
+        return results

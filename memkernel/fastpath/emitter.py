@@ -1,0 +1,378 @@
+"""The fast path: a marshalling function compiled into the kernel's own module.
+
+For the common call (exact ndarrays of the right dtype, rank and static dims,
+contiguous where the layout needs it; Python floats, ints and bools for
+scalars) a Python-level call costs several microseconds of checks and
+descriptor packing. This module writes, in the LLVM dialect, a CPython
+``METH_FASTCALL`` function
+
+    PyObject* __memkernel_fast_<name>(PyObject* self, PyObject** argv, Py_ssize_t nargs)
+
+called as ``fast(args, outputs[, results])`` with the bound arguments, the
+output arrays (tuples) and, for kernels with scalar results, a byte array to
+store them in. It performs every check on the objects themselves, builds the
+descriptors in registers, releases the GIL, calls the lowered kernel and stores
+its results. It returns the ``done`` object when it ran the kernel, and the
+``declined`` object, before running anything, for any value it does not handle;
+the caller then takes the checked Python path, which handles (or explains)
+everything else. The fast path never accepts a value the Python path would
+refuse or convert.
+
+Process-specific addresses (type objects, dtype objects, C API functions) are
+not compiled in: they live in the global table ``__memkernel_consts_<name>``,
+filled after loading, so the compiled code can be cached on disk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from mlir import ir
+
+from ..spec.dtypes import ElementType
+from .abi import LAYOUT
+from ..spec.signature import ArgSpec, MemRefSpec, ScalarSpec
+
+# Slots of the constants table, then one slot per dtype object.
+(ARRAY_TYPE, FLOAT_TYPE, LONG_TYPE, BOOL_TYPE, TRUE, SAVE_THREAD, RESTORE_THREAD, AS_LONG_LONG,
+ DONE, DECLINED) = range(10)
+FIRST_DTYPE = 10
+
+_INDEX_BITS = 64
+
+
+@dataclass(frozen=True)
+class FastArgument:
+    """One MLIR argument as the fast path sees it: where it comes from and what it may hold."""
+
+    spec: ArgSpec
+    from_outputs: bool
+    position: int
+    needs_writeable: bool
+
+
+@dataclass(frozen=True)
+class FastPath:
+    """The fast path's MLIR text and the dtype objects its constants table must hold."""
+
+    text: str
+    function: str
+    consts: str
+    dtypes: tuple[np.dtype, ...]
+
+    @property
+    def table_size(self) -> int:
+        return FIRST_DTYPE + len(self.dtypes)
+
+
+def _scalar_llvm_type(element: ElementType) -> str | None:
+    if element.kind == "complex":
+        part = "f32" if element.itemsize == 8 else "f64"
+        return f"!llvm.struct<({part}, {part})>"
+    if element.mlir == "index":
+        return f"i{_INDEX_BITS}"
+    if element.kind in ("int", "bool"):
+        return f"i{1 if element.kind == 'bool' else element.itemsize * 8}"
+    return {"f16": "f16", "bf16": "bf16", "f32": "f32", "f64": "f64"}.get(element.mlir, f"i{element.itemsize * 8}")
+
+
+def _handles(spec: ArgSpec) -> bool:
+    if isinstance(spec, MemRefSpec):
+        return True
+    if isinstance(spec, ScalarSpec):
+        return spec.element.kind in ("int", "bool") or spec.element.mlir in ("f32", "f64")
+    return False
+
+
+def lowered_argument_types(spec: ArgSpec) -> list[str]:
+    """The LLVM types the default calling convention expands one argument into."""
+    if isinstance(spec, MemRefSpec):
+        return ["!llvm.ptr", "!llvm.ptr", "i64"] + ["i64"] * (2 * spec.rank)
+    assert isinstance(spec, ScalarSpec)
+    llvm_type = _scalar_llvm_type(spec.element)
+    assert llvm_type is not None
+    return [llvm_type]
+
+
+class _Emitter:
+    """Writes LLVM-dialect text: fresh SSA names, and checks that branch to the fallback block."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.counter = 0
+        self.blocks = 0
+
+    def value(self, expression: str) -> str:
+        self.counter += 1
+        name = f"%v{self.counter}"
+        self.lines.append(f"  {name} = {expression}")
+        return name
+
+    def op(self, expression: str) -> None:
+        self.lines.append(f"  {expression}")
+
+    def const(self, value: int, llvm_type: str = "i64") -> str:
+        if llvm_type == "i1":
+            return self.value(f"llvm.mlir.constant({'true' if value else 'false'}) : i1")
+        return self.value(f"llvm.mlir.constant({value} : {llvm_type}) : {llvm_type}")
+
+    def at(self, pointer: str, offset: int) -> str:
+        return self.value(f"llvm.getelementptr {pointer}[{offset}] : (!llvm.ptr) -> !llvm.ptr, i8")
+
+    def load(self, pointer: str, llvm_type: str, offset: int = 0) -> str:
+        address = self.at(pointer, offset) if offset else pointer
+        return self.value(f"llvm.load {address} : !llvm.ptr -> {llvm_type}")
+
+    def check(self, condition: str) -> None:
+        """Continue only if ``condition`` (an i1) holds; else return 1 (take the Python path)."""
+        self.blocks += 1
+        self.op(f"llvm.cond_br {condition}, ^ok{self.blocks}, ^fallback")
+        self.lines.append(f"^ok{self.blocks}:")
+
+    def all_of(self, conditions: Sequence[str]) -> str:
+        result = conditions[0]
+        for c in conditions[1:]:
+            result = self.value(f"llvm.and {result}, {c} : i1")
+        return result
+
+    def icmp(self, predicate: str, a: str, b: str, llvm_type: str = "i64") -> str:
+        return self.value(f"llvm.icmp \"{predicate}\" {a}, {b} : {llvm_type}")
+
+
+class _Generator:
+    def __init__(self, name: str, arguments: Sequence[FastArgument], results: Sequence[ScalarSpec]) -> None:
+        self.name = name
+        self.arguments = arguments
+        self.results = results
+        self.dtypes: list[np.dtype] = []
+        self.e = _Emitter()
+        self.consts = f"__memkernel_consts_{name}"
+        self.function = f"__memkernel_fast_{name}"
+
+    def _const_slot(self, slot: int) -> str:
+        table = self.e.value(f"llvm.mlir.addressof @{self.consts} : !llvm.ptr")
+        return self.e.load(table, "!llvm.ptr", 8 * slot)
+
+    def _dtype_slot(self, dtype: np.dtype) -> int:
+        if dtype not in self.dtypes:
+            self.dtypes.append(dtype)
+        return FIRST_DTYPE + self.dtypes.index(dtype)
+
+    def _object(self, argument: FastArgument) -> str:
+        source = self.outs if argument.from_outputs else self.args
+        return self.e.load(source, "!llvm.ptr", LAYOUT.tuple_items + 8 * argument.position)
+
+    def _returning(self, slot: int) -> None:
+        """Return the object in constants slot ``slot`` as a new reference."""
+        e = self.e
+        obj = self._const_slot(slot)
+        count = e.load(obj, "i64")
+        e.op(f"llvm.store {e.value(f'llvm.add {count}, {e.const(1)} : i64')}, {obj} : i64, !llvm.ptr")
+        e.op(f"llvm.return {obj} : !llvm.ptr")
+
+    def _is_type(self, obj: str, slot: int) -> str:
+        actual = self.e.load(obj, "!llvm.ptr", LAYOUT.ob_type)
+        return self.e.icmp("eq", actual, self._const_slot(slot), "!llvm.ptr")
+
+    def _memref(self, argument: FastArgument) -> list[str]:
+        e = self.e
+        spec = argument.spec
+        assert isinstance(spec, MemRefSpec)
+        obj = self._object(argument)
+        e.check(self._is_type(obj, ARRAY_TYPE))
+        descr = e.load(obj, "!llvm.ptr", LAYOUT.array_descr)
+        dtype_ok = [e.icmp("eq", descr, self._const_slot(self._dtype_slot(d)), "!llvm.ptr")
+                    for d in spec.element.accepted]
+        any_dtype = dtype_ok[0]
+        for ok in dtype_ok[1:]:
+            any_dtype = e.value(f"llvm.or {any_dtype}, {ok} : i1")
+        nd = e.load(obj, "i32", LAYOUT.array_nd)
+        rank_ok = e.icmp("eq", nd, e.const(spec.rank, "i32"), "i32")
+        mask = LAYOUT.aligned | (LAYOUT.c_contiguous if spec.is_identity else 0)
+        mask |= LAYOUT.writeable if argument.needs_writeable else 0
+        flags = e.load(obj, "i32", LAYOUT.array_flags)
+        masked = e.value(f"llvm.and {flags}, {e.const(mask, 'i32')} : i32")
+        flags_ok = e.icmp("eq", masked, e.const(mask, "i32"), "i32")
+        e.check(e.all_of([any_dtype, rank_ok, flags_ok]))
+
+        data = e.load(obj, "!llvm.ptr", LAYOUT.array_data)
+        dims = e.load(obj, "!llvm.ptr", LAYOUT.array_dims)
+        sizes = [e.load(dims, "i64", 8 * i) for i in range(spec.rank)]
+        conditions = [e.icmp("eq", size, e.const(want)) for size, want in zip(sizes, spec.shape)
+                      if want is not None]
+        if spec.is_identity:
+            strides = self._contiguous_strides(sizes)
+            aligned, offset = data, e.const(0)
+        else:
+            strides = self._layout_strides(obj, spec, sizes, conditions)
+            assert spec.layout is not None
+            static_offset = spec.layout.offset or 0
+            offset = e.const(static_offset)
+            aligned = e.at(data, -static_offset * spec.element.itemsize) if static_offset else data
+        if conditions:
+            e.check(e.all_of(conditions))
+        return [data, aligned, offset, *sizes, *strides]
+
+    def _contiguous_strides(self, sizes: list[str]) -> list[str]:
+        e = self.e
+        one = e.const(1)
+        strides = [one] * len(sizes)
+        for i in range(len(sizes) - 2, -1, -1):
+            at_least_one = e.value(f"llvm.intr.smax({sizes[i + 1]}, {one}) : (i64, i64) -> i64")
+            strides[i] = e.value(f"llvm.mul {strides[i + 1]}, {at_least_one} : i64")
+        return strides
+
+    def _layout_strides(self, obj: str, spec: MemRefSpec, sizes: list[str], conditions: list[str]) -> list[str]:
+        e = self.e
+        assert spec.layout is not None
+        itemsize = e.const(spec.element.itemsize)
+        zero, one = e.const(0), e.const(1)
+        byte_strides = e.load(obj, "!llvm.ptr", LAYOUT.array_strides)
+        strides = []
+        for i, (want, size) in enumerate(zip(spec.layout.strides, sizes)):
+            in_bytes = e.load(byte_strides, "i64", 8 * i)
+            remainder = e.value(f"llvm.srem {in_bytes}, {itemsize} : i64")
+            conditions.append(e.icmp("eq", remainder, zero))
+            stride = e.value(f"llvm.sdiv {in_bytes}, {itemsize} : i64")
+            if want is None:
+                strides.append(stride)
+                continue
+            expected = e.const(want)
+            matches = e.icmp("eq", stride, expected)
+            trivial = e.icmp("sle", size, one)
+            conditions.append(e.value(f"llvm.or {matches}, {trivial} : i1"))
+            strides.append(expected)
+        return strides
+
+    def _scalar(self, argument: FastArgument) -> list[str]:
+        e = self.e
+        spec = argument.spec
+        assert isinstance(spec, ScalarSpec)
+        element = spec.element
+        obj = self._object(argument)
+        if element.kind == "bool":
+            e.check(self._is_type(obj, BOOL_TYPE))
+            is_true = e.icmp("eq", obj, self._const_slot(TRUE), "!llvm.ptr")
+            return [is_true]
+        if element.kind == "float":
+            e.check(self._is_type(obj, FLOAT_TYPE))
+            value = e.load(obj, "f64", LAYOUT.float_value)
+            if element.mlir == "f64":
+                return [value]
+            narrow = e.value(f"llvm.fptrunc {value} : f64 to f32")
+            wide = e.value(f"llvm.fpext {narrow} : f32 to f64")
+            inf = e.value("llvm.mlir.constant(0x7FF0000000000000 : f64) : f64")
+            was_finite = e.value(f"llvm.fcmp \"one\" {self._fabs(value)}, {inf} : f64")
+            overflowed = e.value(f"llvm.fcmp \"oeq\" {self._fabs(wide)}, {inf} : f64")
+            not_overflowed = e.value(f"llvm.xor {overflowed}, {e.const(1, 'i1')} : i1")
+            is_nan = e.value(f"llvm.fcmp \"uno\" {value}, {value} : f64")
+            finite_ok = e.value(f"llvm.or {not_overflowed}, {is_nan} : i1")
+            not_finite = e.value(f"llvm.xor {was_finite}, {e.const(1, 'i1')} : i1")
+            e.check(e.value(f"llvm.or {finite_ok}, {not_finite} : i1"))
+            return [narrow]
+        e.check(self._is_type(obj, LONG_TYPE))
+        overflow = e.value("llvm.alloca " + e.const(1) + " x i32 : (i64) -> !llvm.ptr")
+        convert = self._const_slot(AS_LONG_LONG)
+        value = e.value(f"llvm.call {convert}({obj}, {overflow}) : !llvm.ptr, (!llvm.ptr, !llvm.ptr) -> i64")
+        flag = e.load(overflow, "i32")
+        conditions = [e.icmp("eq", flag, e.const(0, "i32"), "i32")]
+        assert element.int_range is not None
+        low, high = element.int_range
+        if low > -(1 << 63):
+            conditions.append(e.icmp("sge", value, e.const(low)))
+        if high < (1 << 63) - 1:
+            conditions.append(e.icmp("sle", value, e.const(high)))
+        e.check(e.all_of(conditions))
+        llvm_type = _scalar_llvm_type(element)
+        if llvm_type == "i64":
+            return [value]
+        return [e.value(f"llvm.trunc {value} : i64 to {llvm_type}")]
+
+    def _fabs(self, value: str) -> str:
+        return self.e.value(f"llvm.intr.fabs({value}) : (f64) -> f64")
+
+    def generate(self) -> FastPath:
+        e = self.e
+        e.check(e.icmp("eq", "%nargs", e.const(3 if self.results else 2)))
+        self.args = e.load("%argv", "!llvm.ptr")
+        self.outs = e.load("%argv", "!llvm.ptr", 8)
+        operands: list[str] = []
+        types: list[str] = []
+        for argument in self.arguments:
+            if isinstance(argument.spec, MemRefSpec):
+                operands += self._memref(argument)
+            else:
+                operands += self._scalar(argument)
+            types += lowered_argument_types(argument.spec)
+        result_types = [_scalar_llvm_type(r.element) for r in self.results]
+        if not result_types:
+            returned = "!llvm.void"
+        elif len(result_types) == 1:
+            returned = str(result_types[0])
+        else:
+            returned = f"!llvm.struct<({', '.join(str(t) for t in result_types)})>"
+        signature = f"({', '.join(types)}) -> {returned if result_types else '()'}"
+        save = self._const_slot(SAVE_THREAD)
+        restore = self._const_slot(RESTORE_THREAD)
+        state = e.value(f"llvm.call {save}() : !llvm.ptr, () -> !llvm.ptr")
+        call = f"llvm.call @{self.name}({', '.join(operands)}) : {signature}"
+        if result_types:
+            results_array = e.load("%argv", "!llvm.ptr", 16)
+            results = e.load(results_array, "!llvm.ptr", LAYOUT.array_data)
+            result = e.value(call)
+            e.op(f"llvm.store {result}, {results} : {returned}, !llvm.ptr")
+        else:
+            e.op(call)
+        e.op(f"llvm.call {restore}({state}) : !llvm.ptr, (!llvm.ptr) -> ()")
+        self._returning(DONE)
+        e.lines.append("^fallback:")
+        self._returning(DECLINED)
+        body = "\n".join(e.lines)
+        declared_return = f" -> {returned}" if result_types else ""
+        size = FIRST_DTYPE + len(self.dtypes)
+        text = f"""
+llvm.mlir.global external @{self.consts}(dense<0> : tensor<{size}xi64>) : !llvm.array<{size} x i64>
+llvm.func @{self.name}({', '.join(types)}){declared_return}
+llvm.func @{self.function}(%self: !llvm.ptr, %argv: !llvm.ptr, %nargs: i64) -> !llvm.ptr {{
+{body}
+}}
+"""
+        return FastPath(text, self.function, self.consts, tuple(self.dtypes))
+
+
+def fast_path(name: str, arguments: Sequence[FastArgument], results: Sequence[ArgSpec]) -> FastPath | None:
+    """The fast path for a kernel, or None if one of its argument kinds is not handled."""
+    scalars = [r for r in results if isinstance(r, ScalarSpec)]
+    if not all(_handles(a.spec) for a in arguments) or len(scalars) != len(results):
+        return None
+    return _Generator(name, arguments, scalars).generate()
+
+
+def _function(module: ir.Module, name: str) -> ir.Operation | None:
+    for op in module.body.operations:
+        if op.operation.name == "llvm.func" and ir.StringAttr(op.attributes["sym_name"]).value == name:
+            return op.operation
+    return None
+
+
+def attach(module: ir.Module, fast: FastPath, kernel: str) -> bool:
+    """Add the fast path to a lowered module; False if the kernel's lowered signature is not the expected one.
+
+    A custom pipeline may lower with another calling convention (bare pointers,
+    say); the fast path is then left out and every call takes the Python path.
+    """
+    lowered = _function(module, kernel)
+    if lowered is None:
+        return False
+    addition = ir.Module.parse(fast.text, module.context)
+    declared = _function(addition, kernel)
+    assert declared is not None
+    if declared.attributes["function_type"] != lowered.attributes["function_type"]:
+        return False
+    for op in list(addition.body.operations):
+        is_declaration = op.operation.name == "llvm.func" and len(op.regions[0].blocks) == 0
+        if not is_declaration:
+            module.body.append(op.detach_from_parent())
+    return True

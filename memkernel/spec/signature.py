@@ -1,0 +1,143 @@
+"""The model of a kernel's MLIR signature: small frozen value types.
+
+MLIR types are read once, with the bindings' own type classes, into
+:class:`MemRefSpec`, :class:`UnrankedSpec` and :class:`ScalarSpec`. Nothing
+downstream touches MLIR type objects again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from mlir import ir
+
+from .dtypes import ElementType, element_type
+from ..errors import SignatureError
+
+_DYNAMIC = ir.ShapedType.get_dynamic_size()
+_DYNAMIC_STRIDE = ir.ShapedType.get_dynamic_stride_or_offset()
+
+
+@dataclass(frozen=True)
+class Strided:
+    """A ``strided<[...], offset: ...>`` layout; ``None`` marks a ``?`` entry."""
+
+    strides: tuple[int | None, ...]
+    offset: int | None
+
+
+@dataclass(frozen=True)
+class MemRefSpec:
+    """A ranked ``memref``. ``layout`` is None for the identity (contiguous row-major) layout.
+
+    ``tensor`` marks a ranked ``tensor`` of a tensor function: bufferization
+    passes it as an identity-layout memref, and it is a value (never written,
+    never aliased by a result).
+    """
+
+    mlir: str
+    shape: tuple[int | None, ...]
+    element: ElementType
+    layout: Strided | None
+    tensor: bool = False
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def is_identity(self) -> bool:
+        return self.layout is None
+
+    def same_pattern(self, other: MemRefSpec) -> bool:
+        """Same rank, same static sizes and ``?`` at the same positions."""
+        return self.shape == other.shape
+
+
+@dataclass(frozen=True)
+class UnrankedSpec:
+    """A ``memref<*xT>`` (or, with ``tensor``, a ``tensor<*xT>``): any rank, always a contiguous buffer."""
+
+    mlir: str
+    element: ElementType
+    tensor: bool = False
+
+
+@dataclass(frozen=True)
+class ScalarSpec:
+    """A scalar passed or returned by value."""
+
+    mlir: str
+    element: ElementType
+
+
+ArgSpec = Union[MemRefSpec, UnrankedSpec, ScalarSpec]
+
+
+@dataclass(frozen=True)
+class Signature:
+    """The kernel function's arguments and results, in MLIR order."""
+
+    name: str
+    args: tuple[ArgSpec, ...]
+    results: tuple[ArgSpec, ...]
+
+
+def _element(t: ir.Type, where: str, whole: ir.Type) -> ElementType:
+    element = element_type(t)
+    if element is None:
+        raise SignatureError(
+            f"{where} has type {whole}: element type {t} is not supported. "
+            "Supported: i1, i8..i64, si8..si64, ui8..ui64, index, f16, bf16, f32, f64, "
+            "f8 types, complex<f32>, complex<f64>."
+        )
+    return element
+
+
+def _layout(t: ir.MemRefType, where: str) -> Strided | None:
+    layout = t.layout
+    if isinstance(layout, ir.AffineMapAttr) and layout.value == ir.AffineMap.get_identity(t.rank):
+        return None
+    try:
+        strides, offset = t.get_strides_and_offset()
+    except (RuntimeError, ValueError):
+        raise SignatureError(
+            f"{where} has type {t}: its layout is not a strided layout. memkernel passes "
+            "identity and strided<[...], offset: ...> layouts; rewrite the layout as strided "
+            "or copy into such a memref inside the kernel."
+        ) from None
+    return Strided(
+        tuple(None if s == _DYNAMIC_STRIDE else s for s in strides),
+        None if offset == _DYNAMIC_STRIDE else offset,
+    )
+
+
+def spec_of(t: ir.Type, where: str) -> ArgSpec:
+    """Read one MLIR argument or result type into its spec."""
+    if isinstance(t, ir.MemRefType):
+        if t.memory_space is not None:
+            raise SignatureError(f"{where} has type {t}: memrefs in a memory space are not supported.")
+        shape = tuple(None if d == _DYNAMIC else d for d in t.shape)
+        return MemRefSpec(str(t), shape, _element(t.element_type, where, t), _layout(t, where))
+    if isinstance(t, ir.UnrankedMemRefType):
+        if t.memory_space is not None:
+            raise SignatureError(f"{where} has type {t}: memrefs in a memory space are not supported.")
+        return UnrankedSpec(str(t), _element(t.element_type, where, t))
+    if isinstance(t, ir.RankedTensorType):
+        if t.encoding is not None:
+            raise SignatureError(f"{where} has type {t}: tensors with an encoding (sparse) are not supported.")
+        shape = tuple(None if d == _DYNAMIC else d for d in t.shape)
+        return MemRefSpec(str(t), shape, _element(t.element_type, where, t), None, tensor=True)
+    if isinstance(t, ir.UnrankedTensorType):
+        return UnrankedSpec(str(t), _element(t.element_type, where, t), tensor=True)
+    return ScalarSpec(str(t), _element(t, where, t))
+
+
+def read_signature(func: ir.Operation) -> Signature:
+    """Read a ``func.func`` operation's signature into a :class:`Signature`."""
+    name = ir.StringAttr(func.attributes["sym_name"]).value
+    ftype = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
+    args = tuple(spec_of(t, f"@{name} argument #{i}") for i, t in enumerate(ftype.inputs))
+    results = tuple(spec_of(t, f"@{name} result #{i}") for i, t in enumerate(ftype.results))
+    return Signature(name, args, results)

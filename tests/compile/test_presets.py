@@ -1,0 +1,242 @@
+"""The "fast" preset: vectorized where a strategy applies, the default lowering elsewhere, always numpy's answer."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import memkernel.compile.pipeline
+from memkernel import CompileError, mlir_kernel
+from memkernel.compile.presets import PRESETS, Strategy
+from memkernel.spec.source import parse_source
+
+from ..kernels import elementwise
+
+MATMUL = """func.func @matmul(%a: {A}, %b: {B}, %c: {C}) {{
+  linalg.matmul ins(%a, %b : {A}, {B}) outs(%c : {C})
+  return
+}}"""
+
+TENSOR_SUM = """func.func @total(%x: tensor<?x{t}>) -> tensor<{t}> {{
+  %zero = arith.constant 0.0 : {t}
+  %empty = tensor.empty() : tensor<{t}>
+  %init = linalg.fill ins(%zero : {t}) outs(%empty : tensor<{t}>) -> tensor<{t}>
+  %sum = linalg.reduce ins(%x : tensor<?x{t}>) outs(%init : tensor<{t}>) dimensions = [0]
+    (%v: {t}, %acc: {t}) {{
+      %s = arith.addf %v, %acc : {t}
+      linalg.yield %s : {t}
+    }}
+  return %sum : tensor<{t}>
+}}"""
+
+CONV = """func.func @conv(%x: memref<1x10x12x3xf32>, %w: memref<3x3x3x8xf32>, %y: memref<1x8x10x8xf32>) {
+  linalg.conv_2d_nhwc_hwcf {dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}
+      ins(%x, %w : memref<1x10x12x3xf32>, memref<3x3x3x8xf32>) outs(%y : memref<1x8x10x8xf32>)
+  return
+}"""
+
+
+def dynamic_matmul(t: str, pipeline: str = "fast"):
+    memref = f"memref<?x?x{t}>"
+    source = MATMUL.format(A=memref, B=memref, C=memref)
+    return mlir_kernel(source, pipeline=pipeline)(lambda a, b: (a.shape[0], b.shape[1]))
+
+
+FAST_MATMULS = {t: dynamic_matmul(t) for t in ("f32", "f64")}
+DTYPES = {"f32": np.float32, "f64": np.float64}
+
+
+def inputs(m: int, n: int, k: int, dtype, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return rng.integers(-4, 5, (m, k)).astype(dtype), rng.integers(-4, 5, (k, n)).astype(dtype)
+
+
+def test_fast_matmul_is_vectorized_and_default_is_not():
+    assert "vector.fma" in FAST_MATMULS["f32"].ir("vectorized")
+    assert "vector." not in dynamic_matmul("f32", "default").ir("vectorized")
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(0, 70), n=st.integers(0, 70), k=st.integers(0, 40), t=st.sampled_from(["f32", "f64"]))
+def test_fast_dynamic_matmul_matches_numpy_on_any_shape(m, n, k, t):
+    a, b = inputs(m, n, k, DTYPES[t])
+    np.testing.assert_array_equal(FAST_MATMULS[t](a, b), a @ b)  # small integers: exact
+
+
+@pytest.mark.parametrize("m, n, k", [(64, 64, 64), (33, 65, 17), (8, 32, 8), (1, 100, 3), (130, 40, 9)])
+@pytest.mark.parametrize("t", ["f32", "f64"])
+def test_fast_static_matmul_matches_numpy(m, n, k, t):
+    source = MATMUL.format(A=f"memref<{m}x{k}x{t}>", B=f"memref<{k}x{n}x{t}>", C=f"memref<{m}x{n}x{t}>")
+    kernel = mlir_kernel(source, pipeline="fast")(lambda a, b: None)
+    a, b = inputs(m, n, k, DTYPES[t], seed=m + n + k)
+    np.testing.assert_array_equal(kernel(a, b), a @ b)
+
+
+def test_fast_matmul_through_strided_views():
+    a, b = inputs(90, 70, 50, np.float32)
+    np.testing.assert_array_equal(FAST_MATMULS["f32"](a[::2], b[:, ::-1]), a[::2] @ b[:, ::-1])
+
+
+def test_integer_matmul_takes_the_default_lowering_with_fast():
+    kernel = dynamic_matmul("i32")
+    assert "vector." not in kernel.ir("vectorized")
+    a, b = inputs(13, 9, 7, np.int32)
+    np.testing.assert_array_equal(kernel(a, b), a @ b)
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 64, 257, 10_000])
+@pytest.mark.parametrize("t", ["f32", "f64"])
+def test_fast_tensor_sum_matches_numpy(n, t):
+    kernel = mlir_kernel(TENSOR_SUM.format(t=t), pipeline="fast")(lambda x: None)
+    x = np.random.default_rng(n).standard_normal(n).astype(DTYPES[t])
+    np.testing.assert_allclose(kernel(x), np.sum(x, dtype=np.float64), rtol=1e-4 if t == "f32" else 1e-12,
+                               atol=1e-3 if t == "f32" else 1e-9)
+
+
+SUM_OF_SQUARES = """
+#id = affine_map<(i) -> (i)>
+#scalar = affine_map<(i) -> ()>
+func.func @sumsq(%x: tensor<?xf64>) -> tensor<f64> {
+  %zero = arith.constant 0.0 : f64
+  %empty = tensor.empty() : tensor<f64>
+  %init = linalg.fill ins(%zero : f64) outs(%empty : tensor<f64>) -> tensor<f64>
+  %r = linalg.generic {indexing_maps = [#id, #scalar], iterator_types = ["reduction"]}
+      ins(%x : tensor<?xf64>) outs(%init : tensor<f64>) {
+  ^bb0(%v: f64, %acc: f64):
+    %sq = arith.mulf %v, %v : f64
+    %s = arith.addf %sq, %acc : f64
+    linalg.yield %s : f64
+  } -> tensor<f64>
+  return %r : tensor<f64>
+}"""
+
+
+@pytest.mark.parametrize("n", [0, 5, 300, 4099])
+def test_fast_generic_reduction_matches_numpy_and_is_vectorized(n):
+    kernel = mlir_kernel(SUM_OF_SQUARES, pipeline="fast")(lambda x: None)
+    assert "vector.multi_reduction" in kernel.ir("bufferized")
+    x = np.random.default_rng(n).standard_normal(n)
+    np.testing.assert_allclose(kernel(x), np.dot(x, x), rtol=1e-12)
+
+
+def test_fast_tensor_sum_is_vectorized():
+    kernel = mlir_kernel(TENSOR_SUM.format(t="f32"), pipeline="fast")(lambda x: None)
+    assert "vector.multi_reduction" in kernel.ir("bufferized")
+
+
+@pytest.mark.parametrize("op", ["arith.addf", "arith.mulf", "arith.maximumf"])
+def test_fast_elementwise_matches_numpy(op):
+    kernel = mlir_kernel(elementwise(op, "memref<?x?xf32>", "f32", 2), name="k", pipeline="fast")(
+        lambda a, b: None)
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((37, 29)).astype(np.float32), rng.standard_normal((37, 29)).astype(np.float32)
+    expected = {"arith.addf": a + b, "arith.mulf": a * b, "arith.maximumf": np.maximum(a, b)}[op]
+    np.testing.assert_array_equal(kernel(a, b), expected)
+
+
+def test_fast_convolution_matches_numpy():
+    kernel = mlir_kernel(CONV, pipeline="fast")(lambda x, w: None)
+    rng = np.random.default_rng(2)
+    x = rng.integers(-3, 4, (1, 10, 12, 3)).astype(np.float32)
+    w = rng.integers(-3, 4, (3, 3, 3, 8)).astype(np.float32)
+    windows = np.lib.stride_tricks.sliding_window_view(x, (3, 3), axis=(1, 2))  # n, oh, ow, c, kh, kw
+    expected = np.einsum("nhwcij,ijcf->nhwf", windows, w)
+    np.testing.assert_array_equal(kernel(x, w), expected)
+
+
+def test_fast_i1_kernel_is_left_to_the_byte_safe_lowering():
+    kernel = mlir_kernel(elementwise("arith.andi", "memref<?xi1>", "i1", 1), name="k", pipeline="fast")(
+        lambda a, b: None)
+    a = np.array([True, False, True, True])
+    b = np.array([True, True, False, True])
+    np.testing.assert_array_equal(kernel(a, b), a & b)
+
+
+def test_a_failing_strategy_leaves_the_module_unchanged():
+    parsed = parse_source(elementwise("arith.addf", "memref<?xf32>", "f32", 1))
+    broken = Strategy("matmul.mlir", False, lambda module: {"cache_tiles": "oops", "register_tiles": "1"})
+    with parsed.context:
+        before = str(parsed.module)
+        assert broken.applied(parsed.module) is parsed.module
+        assert str(parsed.module) == before
+
+
+def test_unknown_preset_lists_the_presets():
+    with pytest.raises(CompileError, match=r"name a preset \('default', 'fast'\)"):
+        dynamic_matmul("f32", "fastest")
+    assert set(PRESETS) == {"default", "fast"}
+
+
+PARALLEL_FILL = """
+func.func private @visit(index)
+func.func @fill(%out: memref<?xi64>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %n = memref.dim %out, %c0 : memref<?xi64>
+  scf.parallel (%i) = (%c0) to (%n) step (%c1) {
+    %v = arith.index_cast %i : index to i64
+    %twice = arith.addi %v, %v : i64
+    memref.store %twice, %out[%i] : memref<?xi64>
+    func.call @visit(%i) : (index) -> ()
+    scf.reduce
+  }
+  return
+}"""
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_parallel_loops_compute_the_same_answer(parallel):
+    kernel = mlir_kernel(elementwise("math.exp", "memref<?x?xf64>", "f64", 2, n_inputs=1), name="k",
+                         parallel=parallel)(lambda a: None)
+    x = np.linspace(-1, 1, 3000 * 7).reshape(3000, 7)
+    np.testing.assert_allclose(kernel(x), np.exp(x), rtol=1e-14)
+
+
+@pytest.mark.skipif(os.cpu_count() < 2, reason="needs two cores to show a second thread")
+def test_parallel_true_runs_loop_iterations_on_several_threads():
+    threads = set()
+    kernel = mlir_kernel(PARALLEL_FILL, parallel=True, callbacks={"visit": lambda i: threads.add(
+        threading.get_ident())})(lambda out: None)
+    out = np.zeros(8192, np.int64)
+    kernel(out)
+    np.testing.assert_array_equal(out, 2 * np.arange(8192))
+    assert len(threads) >= 2
+
+
+def test_serial_pipeline_runs_scf_parallel_on_the_calling_thread():
+    threads = set()
+    kernel = mlir_kernel(PARALLEL_FILL, callbacks={"visit": lambda i: threads.add(threading.get_ident())})(
+        lambda out: None)
+    out = np.zeros(4096, np.int64)
+    kernel(out)
+    np.testing.assert_array_equal(out, 2 * np.arange(4096))
+    assert threads == {threading.get_ident()}
+
+
+def test_parallel_without_the_async_runtime_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(memkernel.compile.pipeline, "find_library", lambda name: None)
+    with pytest.raises(CompileError, match=r"parallel=True runs parallel loops on the MLIR async runtime, "
+                                           r"libmlir_async_runtime, which is not installed: pip install "):
+        mlir_kernel(PARALLEL_FILL, parallel=True)(lambda out: None)
+
+
+def test_parallel_with_a_custom_pipeline_is_an_error():
+    with pytest.raises(CompileError, match="parallel=True applies to the preset pipelines"):
+        mlir_kernel(PARALLEL_FILL, parallel=True, pipeline="canonicalize")(lambda out: None)
+
+
+def test_an_exception_in_a_callback_on_a_worker_thread_is_raised_from_the_call():
+    def visit(i):
+        if i == 6000:
+            raise LookupError("iteration 6000")
+
+    kernel = mlir_kernel(PARALLEL_FILL, parallel=True, callbacks={"visit": visit})(lambda out: None)
+    out = np.zeros(8192, np.int64)
+    with pytest.raises(LookupError, match="iteration 6000"):
+        kernel(out)
+    np.testing.assert_array_equal(out, 2 * np.arange(8192))

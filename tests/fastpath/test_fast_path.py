@@ -1,0 +1,217 @@
+"""The compiled fast path: it runs the common calls, declines everything else to the checked path."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import memkernel.call.plan
+from memkernel import ArgumentError, ShapeError, ValueRangeError, mlir_kernel
+from memkernel.fastpath.abi import fast_path_supported
+
+from ..kernels import elementwise
+
+AXPY = """
+func.func @axpy(%alpha: {t}, %x: memref<?x{t}>, %y: memref<?x{t}>) {{
+  linalg.generic {{indexing_maps = [affine_map<(i) -> (i)>, affine_map<(i) -> (i)>],
+                  iterator_types = ["parallel"]}}
+      ins(%x : memref<?x{t}>) outs(%y : memref<?x{t}>) {{
+  ^bb0(%a: {t}, %b: {t}):
+    %m = arith.mulf %alpha, %a : {t}
+    %s = arith.addf %m, %b : {t}
+    linalg.yield %s : {t}
+  }}
+  return
+}}"""
+
+SUM_AND_SHIFT = """
+func.func @stats(%x: memref<?xi64>, %shift: i8, %flag: i1) -> (i64, i8, i1) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %n = memref.dim %x, %c0 : memref<?xi64>
+  %zero = arith.constant 0 : i64
+  %s = scf.for %i = %c0 to %n step %c1 iter_args(%acc = %zero) -> i64 {
+    %v = memref.load %x[%i] : memref<?xi64>
+    %r = arith.addi %acc, %v : i64
+    scf.yield %r : i64
+  }
+  %one = arith.constant 1 : i8
+  %shifted = arith.addi %shift, %one : i8
+  %true = arith.constant true
+  %not = arith.xori %flag, %true : i1
+  return %s, %shifted, %not : i64, i8, i1
+}"""
+
+pytestmark = pytest.mark.skipif(not fast_path_supported(), reason="fast path off on this interpreter")
+
+
+@pytest.fixture
+def checked_path_calls(monkeypatch):
+    """Counts the calls that reach the checked Python path (each makes one CallState)."""
+    calls = []
+
+    class CountingState(memkernel.call.plan.CallState):
+        def __init__(self) -> None:
+            super().__init__()
+            calls.append(self)
+
+    monkeypatch.setattr(memkernel.call.plan, "CallState", CountingState)
+    return calls
+
+
+@pytest.fixture(scope="module")
+def add():
+    return mlir_kernel(elementwise("arith.addf", "memref<?x?xf32>", "f32", 2), name="k")(lambda a, b: None)
+
+
+@pytest.fixture(scope="module")
+def axpy32():
+    @mlir_kernel(AXPY.format(t="f32"))
+    def axpy(alpha, x, y): ...
+
+    return axpy
+
+
+@pytest.fixture(scope="module")
+def stats():
+    @mlir_kernel(SUM_AND_SHIFT)
+    def stats(x, shift, flag): ...
+
+    return stats
+
+
+def test_common_call_never_reaches_the_checked_path(add, checked_path_calls):
+    a, b = np.ones((3, 4), np.float32), np.full((3, 4), 2.0, np.float32)
+    out = np.zeros((3, 4), np.float32)
+    np.testing.assert_array_equal(add(a, b), a + b)
+    assert add(a, b, out=out) is out
+    np.testing.assert_array_equal(out, a + b)
+    assert checked_path_calls == []
+
+
+def test_scalars_and_results_go_through_the_fast_path(stats, checked_path_calls):
+    x = np.arange(10, dtype=np.int64)
+    total, shifted, negated = stats(x, 100, True)
+    assert (total, shifted, negated) == (45, 101, False)
+    assert (type(total), type(shifted), type(negated)) == (np.int64, np.int8, np.bool_)
+    assert checked_path_calls == []
+
+
+DECLINED = {
+    "transposed view": lambda a: (a.T.copy().T, None),
+    "step slice": lambda a: (np.repeat(a, 2, axis=1)[:, ::2], None),
+    "Fortran order": lambda a: (np.asfortranarray(a), None),
+    "list": lambda a: (a.tolist(), None),
+    "ndarray subclass": lambda a: (a.view(type("Sub", (np.ndarray,), {})), None),
+}
+
+
+@pytest.mark.parametrize("make", DECLINED.values(), ids=DECLINED.keys())
+def test_unusual_input_is_handled_by_the_checked_path(make, add, checked_path_calls):
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    value, _ = make(a)
+    np.testing.assert_array_equal(add(value, a), a + a)
+    assert len(checked_path_calls) == 1
+
+
+@pytest.mark.parametrize("bad, error", [
+    (np.ones((3, 4), np.float64), ArgumentError),
+    (np.ones(12, np.float32), ArgumentError),
+    (np.ones((3, 4), np.float32).astype(">f4"), ArgumentError),
+])
+def test_wrong_input_is_declined_and_explained(bad, error, add):
+    with pytest.raises(error, match="argument 'a'"):
+        add(bad, np.ones((3, 4), np.float32))
+
+
+def test_read_only_output_is_declined_and_explained(add):
+    out = np.zeros((3, 4), np.float32)
+    out.flags.writeable = False
+    with pytest.raises(ArgumentError, match="read-only"):
+        add(np.ones((3, 4), np.float32), np.ones((3, 4), np.float32), out=out)
+
+
+def test_static_dim_mismatch_is_declined_and_explained():
+    kernel = mlir_kernel(elementwise("arith.addf", "memref<3x?xf32>", "f32", 2), name="k")(lambda a, b: None)
+    with pytest.raises(ShapeError, match="dim 0 is 4, not 3"):
+        kernel(np.ones((4, 2), np.float32), np.ones((4, 2), np.float32))
+
+
+@pytest.mark.parametrize("alpha", [2.5, -0.0, float("inf"), float("nan"), 3.4e38])
+def test_python_float_for_f32_matches_numpy_rounding(alpha, axpy32):
+    x, y = np.arange(4, dtype=np.float32), np.ones(4, np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        expected = np.float32(alpha) * x + y
+    axpy32(alpha, x, y)
+    np.testing.assert_array_equal(y, expected)
+
+
+def test_float_overflowing_f32_is_declined_and_explained(axpy32):
+    with pytest.raises(ValueRangeError, match="overflows f32"):
+        axpy32(1e39, np.ones(2, np.float32), np.ones(2, np.float32))
+
+
+@pytest.mark.parametrize("value", [-128, 255, 0, 127, 128])
+def test_signless_i8_takes_both_readings_of_its_bits(value, stats):
+    _, shifted, _ = stats(np.zeros(1, np.int64), value, False)
+    assert shifted == np.array((value + 1) % 256, np.uint8).view(np.int8)
+
+
+@pytest.mark.parametrize("value", [256, -129, 2**70])
+def test_out_of_range_int_is_declined_and_explained(value, stats):
+    with pytest.raises(ValueRangeError, match="argument 'shift'"):
+        stats(np.zeros(1, np.int64), value, False)
+
+
+@pytest.mark.parametrize("value, converted", [(np.int8(5), 6), (True, 2)])
+def test_int_like_values_the_fast_path_declines_still_work(value, converted, stats, checked_path_calls):
+    _, shifted, _ = stats(np.zeros(1, np.int64), value, False)
+    assert shifted == converted
+    assert len(checked_path_calls) == 1
+
+
+SPIN = """
+func.func @wait_for(%flag: memref<1xi32>, %limit: i64) -> i64 {
+  %c0 = arith.constant 0 : index
+  %zero = arith.constant 0 : i32
+  %one = arith.constant 1 : i64
+  %start = arith.constant 0 : i64
+  %seen = scf.while (%i = %start) : (i64) -> i64 {
+    %v = memref.atomic_rmw addi %zero, %flag[%c0] : (i32, memref<1xi32>) -> i32
+    %unset = arith.cmpi eq, %v, %zero : i32
+    %more = arith.cmpi slt, %i, %limit : i64
+    %go = arith.andi %unset, %more : i1
+    scf.condition(%go) %i : i64
+  } do {
+  ^bb0(%i: i64):
+    %next = arith.addi %i, %one : i64
+    scf.yield %next : i64
+  }
+  return %seen : i64
+}"""
+
+
+@pytest.mark.parametrize("through", ["fast path", "checked path"])
+def test_gil_is_released_while_the_kernel_runs(through):
+    """The kernel spins until another Python thread sets a flag: that thread can run only without the GIL."""
+
+    @mlir_kernel(SPIN)
+    def wait_for(flag, limit): ...
+
+    flag = np.zeros(1, np.int32)
+    limit = 20_000_000_000  # some seconds of spinning: the bound only matters if the GIL is held
+    argument = limit if through == "fast path" else np.int64(limit)  # a numpy int is declined
+    started = threading.Event()
+
+    def setter():
+        started.wait()
+        flag[0] = 1
+
+    thread = threading.Thread(target=setter)
+    thread.start()
+    started.set()
+    iterations = wait_for(flag, argument)
+    thread.join()
+    assert flag[0] == 1 and iterations < limit
