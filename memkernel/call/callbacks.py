@@ -27,21 +27,12 @@ from .results import descriptor_array, read_descriptor
 from ..spec.signature import ArgSpec, MemRefSpec, ScalarSpec, Signature, UnrankedSpec, read_signature
 from ..spec.source import ParsedSource
 
-_SCALAR_CTYPES: dict[str, Any] = {
-    "i1": ctypes.c_bool,
-    "i8": ctypes.c_int8, "i16": ctypes.c_int16, "i32": ctypes.c_int32, "i64": ctypes.c_int64,
-    "si8": ctypes.c_int8, "si16": ctypes.c_int16, "si32": ctypes.c_int32, "si64": ctypes.c_int64,
-    "ui8": ctypes.c_uint8, "ui16": ctypes.c_uint16, "ui32": ctypes.c_uint32, "ui64": ctypes.c_uint64,
-    "index": ctypes.c_int64, "f32": ctypes.c_float, "f64": ctypes.c_double,
-}
-
-
 def _ctype(spec: ArgSpec, where: str) -> Any:
     if isinstance(spec, (MemRefSpec, UnrankedSpec)):
         if getattr(spec, "tensor", False):
             raise SignatureError(f"{where} is {spec.mlir}: callbacks take memrefs, not tensors.")
         return ctypes.c_void_p
-    ctype = _SCALAR_CTYPES.get(spec.element.mlir)
+    ctype = spec.element.ctype
     if ctype is None:
         raise SignatureError(
             f"{where} is {spec.mlir}: callback scalars must be integers, index, i1, f32 or f64."

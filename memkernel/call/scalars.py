@@ -15,9 +15,6 @@ import numpy as np
 
 from ..spec.dtypes import ML_DTYPES_TYPE_NAMES, ElementType
 
-_UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
-
-
 class ScalarValueError(Exception):
     """A value does not fit a scalar type; the message says why (without the argument name)."""
 
@@ -88,7 +85,7 @@ def _encode_inexact(value: Any, element: ElementType) -> tuple[Any, ...]:
         if np.isfinite(want) and not np.isfinite(have):
             raise ScalarValueError(f"value {value!r} overflows {element.mlir}", is_type_error=False)
     if element.bits_are_packed:
-        return (int(converted.view(_UNSIGNED[element.itemsize])),)
+        return (int(converted.view(element.bits_dtype)),)
     return got
 
 
@@ -107,5 +104,5 @@ def decode(raw: tuple[Any, ...], element: ElementType) -> np.generic:
         return element.dtype.type(complex(raw[0], raw[1]))
     if element.kind == "float" and not element.bits_are_packed:
         return element.dtype.type(raw[0])
-    bits = np.array(raw[0], dtype=_UNSIGNED[element.itemsize])
+    bits = np.array(raw[0], dtype=element.bits_dtype)
     return cast(np.generic, bits.view(element.dtype)[()])

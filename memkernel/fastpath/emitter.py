@@ -31,7 +31,6 @@ from dataclasses import dataclass
 import numpy as np
 from mlir import ir
 
-from ..spec.dtypes import ElementType
 from .abi import LAYOUT
 from ..spec.signature import ArgSpec, MemRefSpec, ScalarSpec
 
@@ -39,9 +38,6 @@ from ..spec.signature import ArgSpec, MemRefSpec, ScalarSpec
 (ARRAY_TYPE, FLOAT_TYPE, LONG_TYPE, BOOL_TYPE, TRUE, SAVE_THREAD, RESTORE_THREAD, AS_LONG_LONG,
  DONE, DECLINED) = range(10)
 FIRST_DTYPE = 10
-
-_INDEX_BITS = 64
-
 
 @dataclass(frozen=True)
 class FastArgument:
@@ -67,17 +63,6 @@ class FastPath:
         return FIRST_DTYPE + len(self.dtypes)
 
 
-def _scalar_llvm_type(element: ElementType) -> str | None:
-    if element.kind == "complex":
-        part = "f32" if element.itemsize == 8 else "f64"
-        return f"!llvm.struct<({part}, {part})>"
-    if element.mlir == "index":
-        return f"i{_INDEX_BITS}"
-    if element.kind in ("int", "bool"):
-        return f"i{1 if element.kind == 'bool' else element.itemsize * 8}"
-    return {"f16": "f16", "bf16": "bf16", "f32": "f32", "f64": "f64"}.get(element.mlir, f"i{element.itemsize * 8}")
-
-
 def _handles(spec: ArgSpec) -> bool:
     if isinstance(spec, MemRefSpec):
         return True
@@ -91,9 +76,7 @@ def lowered_argument_types(spec: ArgSpec) -> list[str]:
     if isinstance(spec, MemRefSpec):
         return ["!llvm.ptr", "!llvm.ptr", "i64"] + ["i64"] * (2 * spec.rank)
     assert isinstance(spec, ScalarSpec)
-    llvm_type = _scalar_llvm_type(spec.element)
-    assert llvm_type is not None
-    return [llvm_type]
+    return [spec.element.llvm_type]
 
 
 class _Emitter:
@@ -285,7 +268,7 @@ class _Generator:
         if high < (1 << 63) - 1:
             conditions.append(e.icmp("sle", value, e.const(high)))
         e.check(e.all_of(conditions))
-        llvm_type = _scalar_llvm_type(element)
+        llvm_type = element.llvm_type
         if llvm_type == "i64":
             return [value]
         return [e.value(f"llvm.trunc {value} : i64 to {llvm_type}")]
@@ -306,7 +289,7 @@ class _Generator:
             else:
                 operands += self._scalar(argument)
             types += lowered_argument_types(argument.spec)
-        result_types = [_scalar_llvm_type(r.element) for r in self.results]
+        result_types = [r.element.llvm_type for r in self.results]
         if not result_types:
             returned = "!llvm.void"
         elif len(result_types) == 1:

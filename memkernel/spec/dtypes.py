@@ -19,9 +19,10 @@ MLIR                   allocated / returned       also accepted for memrefs
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from mlir import ir
@@ -46,24 +47,30 @@ _ML_DTYPES_NAMES = {
 ML_DTYPES_TYPE_NAMES = frozenset(_ML_DTYPES_NAMES.values())
 F8_NAMES = frozenset(name for name in _ML_DTYPES_NAMES if name.startswith("f8"))
 
-_UNSIGNED_BITS_FORMAT = {1: "B", 2: "H", 4: "I", 8: "Q"}
+# Per byte size: the struct format, numpy dtype and ctypes type of a value's raw bits.
+_BITS_FORMAT = {1: "B", 2: "H", 4: "I", 8: "Q"}
+_BITS_DTYPE = {size: np.dtype(f"uint{8 * size}") for size in _BITS_FORMAT}
+_SIGNED_CTYPES = {1: ctypes.c_int8, 2: ctypes.c_int16, 4: ctypes.c_int32, 8: ctypes.c_int64}
+_UNSIGNED_CTYPES = {1: ctypes.c_uint8, 2: ctypes.c_uint16, 4: ctypes.c_uint32, 8: ctypes.c_uint64}
+# Floats that travel as themselves, not as their bits: (struct format, ctypes type).
+_NATIVE_FLOATS = {"f32": ("f", ctypes.c_float), "f64": ("d", ctypes.c_double)}
 
 
 @dataclass(frozen=True)
 class ElementType:
-    """What one MLIR element type means on the numpy side.
+    """What one MLIR element type means on the numpy side, and how one value of it travels.
 
     ``dtype`` is the dtype memkernel allocates and returns; ``accepted`` lists
     every dtype an argument may have (signless integers take both signs).
-    ``int_range`` is the inclusive range a scalar argument may take.
-    ``struct_format`` packs one value's bits for the ``struct`` module.
+    ``int_range`` is the inclusive range a scalar argument may take. Every
+    other way of writing a value of this type (its ``struct`` format, its
+    LLVM type, its ctypes type) is derived here, in one place.
     """
 
     mlir: str
     dtype: np.dtype
     accepted: tuple[np.dtype, ...]
     kind: ScalarKind
-    struct_format: str
     int_range: tuple[int, int] | None = None
 
     @property
@@ -78,42 +85,77 @@ class ElementType:
     @property
     def bits_are_packed(self) -> bool:
         """True when a scalar travels as raw integer bits (f16, bf16, f8)."""
-        return self.kind == "float" and self.struct_format not in ("f", "d")
+        return self.kind == "float" and self.mlir not in _NATIVE_FLOATS
+
+    @property
+    def bits_dtype(self) -> np.dtype:
+        """The unsigned integer dtype of the same size: how raw bits are read and written."""
+        return _BITS_DTYPE[self.itemsize]
+
+    @property
+    def struct_format(self) -> str:
+        """``struct`` format of one value: its bits for integers and packed floats."""
+        if self.kind == "complex":
+            return "ff" if self.itemsize == 8 else "dd"
+        if self.mlir in _NATIVE_FLOATS:
+            return _NATIVE_FLOATS[self.mlir][0]
+        return _BITS_FORMAT[self.itemsize]
+
+    @property
+    def llvm_type(self) -> str:
+        """The LLVM type a scalar of this type is passed as by the default calling convention."""
+        if self.kind == "complex":
+            part = "f32" if self.itemsize == 8 else "f64"
+            return f"!llvm.struct<({part}, {part})>"
+        if self.kind == "bool":
+            return "i1"
+        if self.mlir in ("f16", "bf16", *_NATIVE_FLOATS):
+            return self.mlir
+        return f"i{8 * self.itemsize}"
+
+    @property
+    def ctype(self) -> Any:
+        """The ctypes type of a scalar of this type, None where ctypes has none (f16, bf16, f8, complex)."""
+        if self.kind == "bool":
+            return ctypes.c_bool
+        if self.kind == "int":
+            signed = self.int_range is not None and self.int_range[0] < 0
+            return (_SIGNED_CTYPES if signed else _UNSIGNED_CTYPES)[self.itemsize]
+        if self.mlir in _NATIVE_FLOATS:
+            return _NATIVE_FLOATS[self.mlir][1]
+        return None
 
     def accepts(self, dtype: np.dtype) -> bool:
         return dtype in self.accepted
 
 
 def _integer(width: int, signedness: str) -> ElementType:
-    nbytes = width // 8
     signed = np.dtype(f"int{width}")
     unsigned = np.dtype(f"uint{width}")
-    fmt = _UNSIGNED_BITS_FORMAT[nbytes]
-    prefix = {"signless": "i", "signed": "si", "unsigned": "ui"}[signedness]
     if signedness == "signless":
-        return ElementType(f"i{width}", signed, (signed, unsigned), "int", fmt,
+        return ElementType(f"i{width}", signed, (signed, unsigned), "int",
                            (-(1 << (width - 1)), (1 << width) - 1))
     if signedness == "signed":
-        return ElementType(f"si{width}", signed, (signed,), "int", fmt,
+        return ElementType(f"si{width}", signed, (signed,), "int",
                            (-(1 << (width - 1)), (1 << (width - 1)) - 1))
-    return ElementType(f"{prefix}{width}", unsigned, (unsigned,), "int", fmt, (0, (1 << width) - 1))
+    return ElementType(f"ui{width}", unsigned, (unsigned,), "int", (0, (1 << width) - 1))
 
 
-def _native(name: str, dtype: np.dtype, kind: ScalarKind, fmt: str) -> ElementType:
-    return ElementType(name, dtype, (dtype,), kind, fmt)
+def _native(name: str, dtype: np.dtype, kind: ScalarKind) -> ElementType:
+    return ElementType(name, dtype, (dtype,), kind)
 
 
-_BOOL = ElementType("i1", np.dtype(np.bool_), (np.dtype(np.bool_),), "bool", "B", (-1, 1))
-_INDEX = ElementType("index", np.dtype(np.int64), (np.dtype(np.int64),), "int", "Q",
+_BOOL = ElementType("i1", np.dtype(np.bool_), (np.dtype(np.bool_),), "bool", (-1, 1))
+_INDEX = ElementType("index", np.dtype(np.int64), (np.dtype(np.int64),), "int",
                      (-(1 << 63), (1 << 63) - 1))
 _FLOATS = {
-    "f16": _native("f16", np.dtype(np.float16), "float", "H"),
-    "f32": _native("f32", np.dtype(np.float32), "float", "f"),
-    "f64": _native("f64", np.dtype(np.float64), "float", "d"),
+    "f16": _native("f16", np.dtype(np.float16), "float"),
+    "f32": _native("f32", np.dtype(np.float32), "float"),
+    "f64": _native("f64", np.dtype(np.float64), "float"),
 }
 _COMPLEX = {
-    "complex<f32>": _native("complex<f32>", np.dtype(np.complex64), "complex", "ff"),
-    "complex<f64>": _native("complex<f64>", np.dtype(np.complex128), "complex", "dd"),
+    "complex<f32>": _native("complex<f32>", np.dtype(np.complex64), "complex"),
+    "complex<f64>": _native("complex<f64>", np.dtype(np.complex128), "complex"),
 }
 
 
@@ -149,7 +191,7 @@ def element_type(t: ir.Type) -> ElementType | None:
         return _COMPLEX[name]
     if name in _ML_DTYPES_NAMES:
         dtype = ml_dtypes_dtype(name)
-        return _native(name, dtype, "float", _UNSIGNED_BITS_FORMAT[dtype.itemsize])
+        return _native(name, dtype, "float")
     return None
 
 
