@@ -24,6 +24,7 @@ from .compile import libraries
 from .fastpath import abi as pyabi
 from .call.binders import Binder, CallState, MemRefBinder, ScalarBinder, UnrankedBinder
 from .call.callbacks import PendingErrors, bind_callbacks
+from .compile.cache import Entry
 from .compile.engine import CompiledFunction, compile_function, load_function, lower_kernel
 from .spec.writes import written_arguments
 from .errors import ArgumentError, ShapeError, SignatureError
@@ -226,37 +227,31 @@ class Kernel:
     def _compiled_function(self, fast_spec: FastPath | None) -> CompiledFunction:
         """The compiled kernel: from this process's cache, from the disk cache, or compiled now."""
 
-        def compile_now(keep_object: bool) -> CompiledFunction:
+        def compile_now(keep_object: bool) -> tuple[CompiledFunction, Entry | None]:
             # Lower a fresh parse: a failed attempt must not leave a half-lowered module behind.
-            return compile_function(parse_source(self._parsed.text), self._name, self._pipeline,
-                                    self._opt_level, self._shared_libs, fast_spec, keep_object,
-                                    {name: bound.address for name, bound in self._callbacks.items()})
+            compiled = compile_function(parse_source(self._parsed.text), self._name, self._pipeline,
+                                        self._opt_level, self._shared_libs, fast_spec, keep_object,
+                                        {name: bound.address for name, bound in self._callbacks.items()})
+            return compiled, compiled.entry
 
-        if not self._cache or self._callbacks:
-            # Compiled code with callbacks is bound to this kernel's Python functions: never shared.
-            return compile_now(False)
-        key = kernel_cache.CacheKey.of(
-            source=hashlib.sha256(self._parsed.text.encode()).hexdigest(),
-            function=self._name,
-            pipeline=self._pipeline.describe(),
-            opt_level=self._opt_level,
-            shared_libs=list(self._shared_libs),
-            fast_path=hashlib.sha256(fast_spec.text.encode()).hexdigest() if fast_spec else None,
-        )
-        compiled = kernel_cache.remembered(key)
-        if compiled is not None:
-            return compiled
-        entry = kernel_cache.load(key)
-        if entry is not None:
+        def load_entry(entry: Entry) -> CompiledFunction | None:
             try:
-                compiled = load_function(entry, self._name, fast_spec)
+                return load_function(entry, self._name, fast_spec)
             except ObjectLoadError:
-                compiled = None
-        if compiled is None:
-            compiled = compile_now(kernel_cache.directory() is not None)
-            if compiled.entry is not None:
-                kernel_cache.store(key, compiled.entry)
-        return kernel_cache.remember(key, compiled)
+                return None
+
+        key = None
+        # Compiled code with callbacks is bound to this kernel's Python functions: never shared.
+        if self._cache and not self._callbacks:
+            key = kernel_cache.CacheKey.of(
+                source=hashlib.sha256(self._parsed.text.encode()).hexdigest(),
+                function=self._name,
+                pipeline=self._pipeline.describe(),
+                opt_level=self._opt_level,
+                shared_libs=list(self._shared_libs),
+                fast_path=hashlib.sha256(fast_spec.text.encode()).hexdigest() if fast_spec else None,
+            )
+        return kernel_cache.get_or_compile(key, compile_now, load_entry)
 
     # -- inspection ------------------------------------------------------------------
 

@@ -29,11 +29,14 @@ import warnings
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 
 from . import objects as jit
+
+Compiled = TypeVar("Compiled")
 
 _MAGIC = b"MEMKERNEL-CACHE-1\n"
 _HEADER_SIZE = struct.Struct("<Q")
@@ -157,3 +160,26 @@ def store(key: CacheKey, entry: Entry) -> None:
     except OSError as exc:
         warnings.warn(f"memkernel could not write its disk cache in {folder}: {exc}", RuntimeWarning,
                       stacklevel=2)
+
+
+def get_or_compile(key: CacheKey | None, compile_now: Callable[[bool], tuple[Compiled, Entry | None]],
+                   load_entry: Callable[[Entry], Compiled | None]) -> Compiled:
+    """The compiled kernel for ``key``: kept by this process, loaded from disk, or compiled now.
+
+    ``key`` None means "not cacheable" (``cache=False``, callbacks): compile
+    afresh, keep nothing. ``compile_now(keep_object)`` compiles and returns the
+    kernel and, if ``keep_object``, the entry to store on disk. ``load_entry``
+    links a disk entry, or returns None if LLVM refuses it (it is then rebuilt).
+    """
+    if key is None:
+        return compile_now(False)[0]
+    compiled = remembered(key)
+    if compiled is not None:
+        return compiled
+    entry = load(key)
+    compiled = load_entry(entry) if entry is not None else None
+    if compiled is None:
+        compiled, entry = compile_now(directory() is not None)
+        if entry is not None:
+            store(key, entry)
+    return remember(key, compiled)
