@@ -6,6 +6,12 @@ into the caller's array; one the IR proves read-only is not. The analysis is
 conservative: any use it does not know counts as a write. Calls to functions
 defined in the same module are followed into the callee.
 
+A value may be written when some value it flows into (itself, a view of it, the
+callee argument it is passed as) has a use that writes. That is reachability in
+the flows-into graph, answered by a search that never takes a value still under
+search for unwritten: a recursive call (even one that swaps its arguments)
+cannot hide a write.
+
 The uses are collected in one walk of the module rather than through
 ``Value.uses``, whose typed op objects would import every dialect's Python
 module (linalg's alone takes ~45 ms).
@@ -56,11 +62,7 @@ def _linalg_inputs(op: ir.Operation) -> int | None:
 
 
 class _Analysis:
-    """May-write answers for the values of one module, memoized.
-
-    A value under analysis counts as not written, which ends recursion through
-    recursive calls.
-    """
+    """May-write answers for the values of one module, memoized once final."""
 
     def __init__(self, module: ir.Operation) -> None:
         self.uses: dict[ir.Value, list[tuple[ir.Operation, int]]] = defaultdict(list)
@@ -77,24 +79,41 @@ class _Analysis:
         module.walk(visit)
 
     def may_write(self, value: ir.Value) -> bool:
+        """True when a write may reach ``value``: through one of its uses or a value it flows into."""
         if value in self.answers:
             return self.answers[value]
-        self.answers[value] = False
-        answer = any(self._use_may_write(op, position) for op, position in self.uses.get(value, ()))
-        self.answers[value] = answer
-        return answer
+        seen = {value}
+        todo = [value]
+        while todo:
+            current = todo.pop()
+            if self.answers.get(current, False):
+                self.answers[value] = True
+                return True
+            if current in self.answers:  # known unwritten, and so is all it flows into
+                continue
+            for op, position in self.uses.get(current, ()):
+                flows_into = self._flows_into(op, position)
+                if flows_into is None:
+                    self.answers[value] = True
+                    return True
+                todo.extend(v for v in flows_into if v not in seen)
+                seen.update(flows_into)
+        # The search found no write from anything it reached: all of it is unwritten.
+        self.answers.update(dict.fromkeys(seen, False))
+        return False
 
-    def _use_may_write(self, op: ir.Operation, position: int) -> bool:
+    def _flows_into(self, op: ir.Operation, position: int) -> list[ir.Value] | None:
+        """The values the operand at ``position`` of ``op`` flows into; None if this use may write."""
         name = op.name
         if name in _VIEWS and position == 0:
-            return any(self.may_write(result) for result in op.results)
+            return list(op.results)
         if name in _READS and position in _READS[name]:
-            return False
+            return []
         if name == "func.call":
             callee = self.bodies.get(ir.FlatSymbolRefAttr(op.attributes["callee"]).value)
-            return callee is None or self.may_write(callee.arguments[position])
+            return None if callee is None else [callee.arguments[position]]
         inputs = _linalg_inputs(op)
-        return inputs is None or position >= inputs
+        return None if inputs is None or position >= inputs else []
 
 
 def written_arguments(module: ir.Module, function: str) -> frozenset[int]:

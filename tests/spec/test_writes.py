@@ -109,3 +109,96 @@ def test_read_only_view_copied_for_a_read_only_argument_is_accepted():
     data = np.arange(10, dtype=np.int64)
     data.flags.writeable = False
     assert total(data[::3]) == int(np.sum(data[::3]))
+
+
+# Writes %a[i] = i for every i when %k is 0; otherwise recurses with %a and %b swapped, so
+# with an odd %k it writes %b, which no op of its own writes.
+SWAP = """
+func.func @swap(%a: memref<?xf32>, %b: memref<?xf32>, %k: index) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %more = arith.cmpi sgt, %k, %c0 : index
+  scf.if %more {
+    %next = arith.subi %k, %c1 : index
+    func.call @swap(%b, %a, %next) : (memref<?xf32>, memref<?xf32>, index) -> ()
+  } else {
+    %n = memref.dim %a, %c0 : memref<?xf32>
+    scf.for %i = %c0 to %n step %c1 {
+      %j = arith.index_cast %i : index to i64
+      %v = arith.sitofp %j : i64 to f32
+      memref.store %v, %a[%i] : memref<?xf32>
+    }
+  }
+  return
+}"""
+
+
+def written_in(source: str, function: str) -> frozenset[int]:
+    parsed = parse_source(source)
+    with parsed.context:
+        return written_arguments(parsed.module, function)
+
+
+def test_an_argument_written_only_through_a_recursive_call_counts_as_written():
+    assert written_in(SWAP, "swap") == {0, 1}
+
+
+def test_a_write_through_mutual_recursion_reaches_the_caller():
+    source = """
+func.func @ping(%a: memref<?xf32>, %b: memref<?xf32>) {
+  func.call @pong(%b, %a) : (memref<?xf32>, memref<?xf32>) -> ()
+  return
+}
+func.func @pong(%c: memref<?xf32>, %d: memref<?xf32>) {
+  func.call @ping(%d, %c) : (memref<?xf32>, memref<?xf32>) -> ()
+  %c0 = arith.constant 0 : index
+  %one = arith.constant 1.0 : f32
+  memref.store %one, %c[%c0] : memref<?xf32>
+  return
+}"""
+    assert written_in(source, "ping") == {1}
+    assert written_in(source, "pong") == {0}
+
+
+def test_a_recursion_that_only_reads_is_read_only():
+    source = """
+func.func @peek(%a: memref<?xf32>, %k: index) -> f32 {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %more = arith.cmpi sgt, %k, %c0 : index
+  %r = scf.if %more -> f32 {
+    %next = arith.subi %k, %c1 : index
+    %v = func.call @peek(%a, %next) : (memref<?xf32>, index) -> f32
+    scf.yield %v : f32
+  } else {
+    %v = memref.load %a[%c0] : memref<?xf32>
+    scf.yield %v : f32
+  }
+  return %r : f32
+}"""
+    assert written_in(source, "peek") == frozenset()
+
+
+def swap_kernel():
+    return mlir_kernel(SWAP)(lambda a, b, k: None)
+
+
+def test_a_read_only_array_is_refused_for_an_argument_written_through_recursion():
+    swap = swap_kernel()
+    b = np.zeros(4, np.float32)
+    b.flags.writeable = False
+    with pytest.raises(ArgumentError, match=r"argument 'b' .*got a read-only array .* for an argument "
+                                            r"the kernel may write\. Pass a writable array, e\.g\. b\.copy\(\)"):
+        swap(np.zeros(4, np.float32), b, 1)
+    np.testing.assert_array_equal(b, np.zeros(4, np.float32))
+
+
+def test_writes_through_recursion_reach_a_copied_view():
+    swap = swap_kernel()
+    a = np.full(4, -1.0, np.float32)
+    big = np.full(8, -1.0, np.float32)
+    swap(a, big[::2], 1)  # a non-contiguous view of an identity-layout memref is passed as a copy
+    expected = np.full(8, -1.0, np.float32)
+    expected[::2] = np.arange(4, dtype=np.float32)
+    np.testing.assert_array_equal(big, expected)
+    np.testing.assert_array_equal(a, np.full(4, -1.0, np.float32))
