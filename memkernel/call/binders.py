@@ -1,9 +1,14 @@
-"""Per-argument binders: check one Python value against its MLIR type and turn it into descriptor fields.
+"""Per-argument binders: the checked path's side of each argument's contract.
 
-A binder is built once per kernel argument. At call time it checks the value,
-chooses zero-copy or a contiguous copy, and returns the raw values that the
-call frame packs. Copies and copy-backs go through the :class:`CallState` so
-that the same array passed twice stays one buffer.
+A binder is built once per kernel argument from its
+:class:`~memkernel.spec.contract.BufferContract` or
+:class:`~memkernel.spec.contract.ScalarContract`. A call runs it in two
+steps: :meth:`Binder.check` converts the Python value once (a sequence to an
+array, a number to its bits) and checks it against the contract, or raises the
+error that explains what is wrong; :meth:`Binder.pack` turns the checked value
+into the raw descriptor fields the call frame packs, choosing zero-copy or a
+copy. Copies and copy-backs go through the :class:`CallState` so that the same
+view passed twice stays one buffer.
 """
 
 from __future__ import annotations
@@ -14,12 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from . import descriptors
-from . import scalars
-from .descriptors import contiguous_strides, data_pointer, element_strides
-from ..spec.dtypes import ElementType, describe_dtype, dtype_expression
 from ..errors import ArgumentError, ShapeError, ValueRangeError
-from ..spec.signature import ArgSpec, MemRefSpec, ScalarSpec, UnrankedSpec
+from ..spec.contract import BufferContract, Contract, ScalarContract
+from ..spec.dtypes import ElementType, describe_dtype, dtype_expression
+from . import descriptors, scalars
+from .descriptors import contiguous_strides, data_pointer, element_strides
 
 _ADDRESS_MASK = (1 << 64) - 1
 
@@ -64,21 +68,6 @@ def describe_value(value: Any) -> str:
     return type(value).__name__
 
 
-def _dtype_names(element: ElementType) -> str:
-    return " or ".join(d.name for d in element.accepted)
-
-
-def _shape_hint(shape: tuple[int | None, ...]) -> str:
-    inner = ", ".join("*" if d is None else str(d) for d in shape)
-    return f"({inner},)" if len(shape) == 1 else f"({inner})"
-
-
-def _expectation(spec: MemRefSpec) -> str:
-    parts = [_dtype_names(spec.element), f"{spec.rank}-d"]
-    parts += [f"dim {i} == {d}" for i, d in enumerate(spec.shape) if d is not None]
-    return ", ".join(parts)
-
-
 def _convertible(source: np.dtype, element: ElementType) -> bool:
     """Whether a value of a Python sequence or scalar converts without changing meaning."""
     kinds = {"bool": "b", "int": "biu", "float": "biuf", "complex": "biufc"}[element.kind]
@@ -86,59 +75,60 @@ def _convertible(source: np.dtype, element: ElementType) -> bool:
 
 
 class Binder:
-    """Checks and converts one argument. ``name`` is how messages call it."""
+    """Checks and converts one argument against its contract."""
 
-    is_writable_target = False
-
-    def __init__(self, kernel: str, name: str, spec: ArgSpec) -> None:
-        self.kernel = kernel
-        self.name = name
-        self.spec = spec
+    contract: Contract
 
     @property
     def struct_format(self) -> str:
-        """``struct`` format of the values :meth:`bind` returns."""
+        """``struct`` format of the values :meth:`pack` returns."""
         raise NotImplementedError
 
-    def bind(self, value: Any, state: CallState) -> tuple[Any, ...]:
-        """Check ``value`` and return the raw values to pack; raise the error that explains it if wrong."""
+    def check(self, value: Any, state: CallState) -> Any:
+        """``value`` converted once and checked; raise the error that explains it if wrong."""
         raise NotImplementedError
 
-    def _where(self) -> str:
-        return f"{self.kernel}(): argument '{self.name}' expects {self.spec.mlir}"
+    def pack(self, checked: Any, state: CallState) -> tuple[Any, ...]:
+        """The raw values to pack for a value :meth:`check` returned."""
+        raise NotImplementedError
 
 
 class ScalarBinder(Binder):
-    spec: ScalarSpec
+    def __init__(self, contract: ScalarContract) -> None:
+        self.contract = contract
 
     @property
     def struct_format(self) -> str:
-        return self.spec.element.struct_format
+        return self.contract.element.struct_format
 
-    def bind(self, value: Any, state: CallState) -> tuple[Any, ...]:
+    def check(self, value: Any, state: CallState) -> tuple[Any, ...]:
         try:
-            return scalars.encode(value, self.spec.element)
+            return scalars.encode(value, self.contract.element)
         except scalars.ScalarValueError as exc:
             error = ArgumentError if exc.is_type_error else ValueRangeError
-            raise error(f"{self._where()}: {exc}") from None
+            raise error(f"{self.contract.where()}: {exc}") from None
+
+    def pack(self, checked: tuple[Any, ...], state: CallState) -> tuple[Any, ...]:
+        return checked
 
 
 class _BufferBinder(Binder):
     """Shared by ranked and unranked memrefs: array checks, coercion of inputs, copies."""
 
-    def __init__(self, kernel: str, name: str, spec: MemRefSpec | UnrankedSpec, *,
-                 may_write: bool, is_output: bool) -> None:
-        super().__init__(kernel, name, spec)
-        self.element = spec.element
-        self.may_write = may_write
-        self.is_output = is_output
-        self.is_writable_target = may_write or is_output
+    def __init__(self, contract: BufferContract) -> None:
+        self.contract = contract
+        self.element = contract.element
+        self.name = contract.name
 
-    def _array(self, value: Any, state: CallState) -> np.ndarray:
+    def _where(self) -> str:
+        return self.contract.where()
+
+    def check(self, value: Any, state: CallState) -> np.ndarray:
+        contract = self.contract
         if isinstance(value, np.ndarray) and not isinstance(value, np.ma.MaskedArray):
             array = value
-        elif self.is_writable_target or isinstance(value, np.ma.MaskedArray):
-            why = "an output" if self.is_output else "an argument the kernel may write"
+        elif contract.needs_writeable or isinstance(value, np.ma.MaskedArray):
+            why = "an output" if contract.is_output else "an argument the kernel may write"
             raise ArgumentError(
                 f"{self._where()}; got {describe_value(value)}. It is {why}, so pass a writable "
                 f"numpy array of dtype {self.element.dtype.name}."
@@ -151,24 +141,25 @@ class _BufferBinder(Binder):
                 f"{self._where()}; got {describe_value(array)}. Pass "
                 f"{self.name}.astype({dtype_expression(self.element.dtype)}) to get native byte order."
             )
-        if not self.element.accepts(array.dtype):
+        if array.dtype not in contract.dtypes:
             raise ArgumentError(
-                f"{self._where()} ({self._expectation()}); got {describe_value(array)}. "
+                f"{self._where()} ({contract.expectation()}); got {describe_value(array)}. "
                 f"Pass {self.name}.astype({dtype_expression(self.element.dtype)}){self._shape_fix(array)}."
             )
-        if not array.flags.writeable and self.is_writable_target:
-            where = "as out=" if self.is_output else "for an argument the kernel may write"
+        if not array.flags.writeable and contract.needs_writeable:
+            where = "as out=" if contract.is_output else "for an argument the kernel may write"
             raise ArgumentError(
                 f"{self._where()}; got a read-only array {describe_value(array)} {where}. "
                 f"Pass a writable array, e.g. {self.name}.copy()."
             )
+        self._check_shape(array)
         return array
-
-    def _expectation(self) -> str:
-        return f"{_dtype_names(self.element)}, any rank"
 
     def _shape_fix(self, array: np.ndarray) -> str:
         return ""
+
+    def _check_shape(self, array: np.ndarray) -> None:
+        pass
 
     def _coerce(self, value: Any) -> np.ndarray:
         try:
@@ -205,54 +196,47 @@ class _BufferBinder(Binder):
     def _contiguous(self, array: np.ndarray, state: CallState) -> np.ndarray:
         if descriptors.is_direct_contiguous(array):
             return array
-        return state.copy_of(array, descriptors.contiguous_copy, self.is_writable_target)
+        return state.copy_of(array, descriptors.contiguous_copy, self.contract.needs_writeable)
 
 
 class MemRefBinder(_BufferBinder):
-    spec: MemRefSpec
-
     @property
     def struct_format(self) -> str:
-        return descriptors.ranked_format(self.spec.rank)
-
-    def _expectation(self) -> str:
-        return _expectation(self.spec)
+        return descriptors.ranked_format(self.contract.rank or 0)
 
     def _shape_fix(self, array: np.ndarray) -> str:
-        fits = array.ndim == self.spec.rank and all(
-            want is None or want == have for want, have in zip(self.spec.shape, array.shape))
-        return "" if fits else f" with shape {_shape_hint(self.spec.shape)}"
+        contract = self.contract
+        fits = array.ndim == contract.rank and all(array.shape[i] == d for i, d in contract.static_dims)
+        return "" if fits else f" with shape {contract.shape_text()}"
 
     def _check_shape(self, array: np.ndarray) -> None:
-        spec = self.spec
-        if array.ndim != spec.rank:
+        contract = self.contract
+        if array.ndim != contract.rank:
             raise ArgumentError(
-                f"{self._where()} ({_expectation(spec)}); got {describe_value(array)}. "
-                f"Pass an array of shape {_shape_hint(spec.shape)}."
+                f"{self._where()} ({contract.expectation()}); got {describe_value(array)}. "
+                f"Pass an array of shape {contract.shape_text()}."
             )
-        for i, (want, have) in enumerate(zip(spec.shape, array.shape)):
-            if want is not None and want != have:
+        for i, want in contract.static_dims:
+            if array.shape[i] != want:
                 raise ShapeError(
-                    f"{self._where()} ({_expectation(spec)}); got {describe_value(array)}: "
-                    f"dim {i} is {have}, not {want}. Pass an array of shape {_shape_hint(spec.shape)}."
+                    f"{self._where()} ({contract.expectation()}); got {describe_value(array)}: "
+                    f"dim {i} is {array.shape[i]}, not {want}. Pass an array of shape {contract.shape_text()}."
                 )
 
-    def bind(self, value: Any, state: CallState) -> tuple[Any, ...]:
-        array = self._array(value, state)
-        self._check_shape(array)
-        layout = self.spec.layout
-        if layout is None:
+    def pack(self, array: np.ndarray, state: CallState) -> tuple[Any, ...]:
+        contract = self.contract
+        if contract.needs_contiguous:
             array = self._contiguous(array, state)
             pointer = data_pointer(array)
             state.buffers[pointer] = array
             return (pointer, pointer, 0, *array.shape, *contiguous_strides(array.shape))
         strides = self._layout_strides(array)
         if strides is None:
-            array = state.copy_of(array, self._realizing_copy, self.is_writable_target)
+            array = state.copy_of(array, self._realizing_copy, contract.needs_writeable)
             strides = self._layout_strides(array)
             assert strides is not None
         pointer = data_pointer(array)
-        offset = layout.offset or 0
+        offset = contract.layout_offset
         aligned = (pointer - offset * array.itemsize) & _ADDRESS_MASK
         state.buffers[aligned] = array
         return (aligned, aligned, offset, *array.shape, *strides)
@@ -264,16 +248,7 @@ class MemRefBinder(_BufferBinder):
         actual = element_strides(array)
         if actual is None:
             return None
-        assert self.spec.layout is not None
-        strides = []
-        for want, have, size in zip(self.spec.layout.strides, actual, array.shape):
-            if want is None:
-                strides.append(have)
-            elif want == have or size <= 1:
-                strides.append(want)
-            else:
-                return None
-        return tuple(strides)
+        return self.contract.descriptor_strides(array.shape, actual)
 
     def _realizing_copy(self, array: np.ndarray) -> np.ndarray:
         for order in ("C", "F"):
@@ -287,14 +262,12 @@ class MemRefBinder(_BufferBinder):
 
 
 class UnrankedBinder(_BufferBinder):
-    spec: UnrankedSpec
-
     @property
     def struct_format(self) -> str:
         return descriptors.UNRANKED_FORMAT
 
-    def bind(self, value: Any, state: CallState) -> tuple[Any, ...]:
-        array = self._contiguous(self._array(value, state), state)
+    def pack(self, array: np.ndarray, state: CallState) -> tuple[Any, ...]:
+        array = self._contiguous(array, state)
         pointer = data_pointer(array)
         state.buffers[pointer] = array
         fields = (pointer, pointer, 0, *array.shape, *contiguous_strides(array.shape))
@@ -303,3 +276,12 @@ class UnrankedBinder(_BufferBinder):
         ranked.pack_into(buffer, 0, *fields)
         state.keep.append(buffer)
         return (array.ndim, ctypes.addressof(buffer))
+
+
+def binder_for(contract: Contract) -> Binder:
+    """The checked path's binder of one argument."""
+    if isinstance(contract, ScalarContract):
+        return ScalarBinder(contract)
+    if contract.rank is None:
+        return UnrankedBinder(contract)
+    return MemRefBinder(contract)

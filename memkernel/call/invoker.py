@@ -1,22 +1,33 @@
-"""One call, once the arguments are bound and the outputs known: fast path, else the checked path.
+"""One compiled kernel's call: bind the Python arguments, run the fast path, else the checked path.
 
-:func:`invoker` builds, at compile time, a closure specialised for the
-kernel's shape of return value, so a call makes no decision it could have made
-earlier. The fast path runs first; if it declines a value, the
-:class:`~memkernel.plan.CallPlan` runs the call with every check and
-conversion, or raises the error that explains the problem.
+An :class:`Invoker` is built once, when the kernel compiles, and holds
+everything a call needs: the kernel's parameters, the output allocator, the
+checked :class:`~memkernel.call.plan.CallPlan` and the compiled
+:class:`~memkernel.fastpath.builtin.FastFunction`. The fast path runs first; if
+it declines a value, the plan runs the call with every check and conversion,
+or raises the error that explains the problem. Printed-output capture and
+callback errors are wrapped around the call only for kernels that need them.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
-from .. import stdio as output
-from ..fastpath.builtin import DONE, FastFunction
+import numpy as np
+
+from .. import stdio
+from ..errors import ArgumentError
+from ..fastpath.builtin import FastFunction
+from ..spec.analysis import KernelSpec
+from .allocation import OutputAllocator
 from .plan import CallPlan
 
-Invoker = Callable[[tuple[Any, ...], tuple[Any, ...]], Any]
+Run = Callable[[tuple[Any, ...], tuple[Any, ...]], Any]
+"""Runs one call on the bound inputs and the given outputs (None for each to allocate)."""
+
+_EMPTY = inspect.Parameter.empty
 
 
 def _assemble(n_outputs: int, has_results: bool) -> Callable[[tuple[Any, ...], tuple[Any, ...]], Any]:
@@ -35,43 +46,124 @@ def _assemble(n_outputs: int, has_results: bool) -> Callable[[tuple[Any, ...], t
     return returned
 
 
-def invoker(plan: CallPlan, fast: FastFunction | None, n_outputs: int, has_results: bool) -> Invoker:
-    """The function that runs one call and returns what the kernel call returns."""
-    assemble = _assemble(n_outputs, has_results)
-    slow = plan.call
-    if fast is None:
-        return lambda args, outputs: assemble(outputs, slow(args + outputs))
-    if not has_results:
-        raw = fast.raw
-
-        def invoke_without_results(args: tuple[Any, ...], outputs: tuple[Any, ...]) -> Any:
-            if raw(args, outputs) is not DONE:
-                slow(args + outputs)
-            return assemble(outputs, ())
-
-        return invoke_without_results
-
-    def invoke(args: tuple[Any, ...], outputs: tuple[Any, ...]) -> Any:
-        results = fast(args, outputs)
-        return assemble(outputs, slow(args + outputs) if results is None else results)
-
-    return invoke
-
-
-def with_output_capture(invoke: Invoker, mode: bool | None, may_print: bool) -> Invoker:
-    """``invoke``, routing what the kernel prints to the Python streams as ``mode`` says.
+def with_output_capture(run: Run, mode: bool | None, may_print: bool) -> Run:
+    """``run``, routing what the kernel prints to the Python streams as ``mode`` says.
 
     None: when the kernel may print and ``sys.stdout``/``sys.stderr`` are not the
     C streams; True: always; False: never.
     """
     if mode is False or (mode is None and not may_print):
-        return invoke
+        return run
     if mode is True:
-        return lambda args, outputs: output.captured(lambda: invoke(args, outputs))
+        return lambda args, given: stdio.captured(lambda: run(args, given))
 
-    def invoke_capturing_when_needed(args: tuple[Any, ...], outputs: tuple[Any, ...]) -> Any:
-        if output.python_streams_are_the_c_streams():
-            return invoke(args, outputs)
-        return output.captured(lambda: invoke(args, outputs))
+    def run_capturing_when_needed(args: tuple[Any, ...], given: tuple[Any, ...]) -> Any:
+        if stdio.python_streams_are_the_c_streams():
+            return run(args, given)
+        return stdio.captured(lambda: run(args, given))
 
-    return invoke_capturing_when_needed
+    return run_capturing_when_needed
+
+
+class Invoker:
+    """Runs calls of one compiled kernel.
+
+    ``plan`` is the checked path, ``fast`` the compiled fast path (None when the
+    kernel has none: an argument kind it does not handle, a custom calling
+    convention, ``MEMKERNEL_FAST_PATH=0``). ``last_path`` is ``"fast"`` or
+    ``"checked"``: the path the latest call took, in whichever thread.
+    """
+
+    def __init__(self, spec: KernelSpec, plan: CallPlan, fast: FastFunction | None, allocator: OutputAllocator,
+                 wrap: Callable[[Run], Run]) -> None:
+        self.spec = spec
+        self.plan = plan
+        self.fast = fast
+        self.last_path: Literal["fast", "checked"] | None = None
+        self._allocator = allocator
+        self._parameters = spec.parameters
+        self._arity = len(spec.parameters)
+        self._n_outputs = spec.n_outputs
+        self._no_outputs: tuple[None, ...] = (None,) * spec.n_outputs
+        self._assemble = _assemble(spec.n_outputs, bool(spec.signature.results))
+        self._run = wrap(self._fast_then_checked if fast is not None else self._checked)
+
+    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
+        """Call the kernel with ``kernel(*args, out=out, **kwargs)``."""
+        if kwargs or len(args) != self._arity:
+            args = self._bind(args, kwargs)
+        if out is None:
+            given = self._no_outputs
+        elif type(out) is np.ndarray and self._n_outputs == 1:
+            given = (out,)
+        else:
+            given = self._given(out)
+        return self._run(args, given)
+
+    def _fast_then_checked(self, args: tuple[Any, ...], given: tuple[Any, ...]) -> Any:
+        outputs = self._allocated(args, given)
+        if outputs is not None:
+            assert self.fast is not None
+            results = self.fast(args, outputs)
+            if results is not None:
+                self.last_path = "fast"
+                return self._assemble(outputs, results)
+        return self._checked(args, given)
+
+    def _checked(self, args: tuple[Any, ...], given: tuple[Any, ...]) -> Any:
+        self.last_path = "checked"
+        outputs, results = self.plan.call(args, given)
+        return self._assemble(outputs, results)
+
+    def _allocated(self, args: tuple[Any, ...], given: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        """The outputs for the fast path to try; None when they cannot be allocated from ``args`` as given.
+
+        The checked path then checks the inputs first, and allocates from them
+        or explains why it cannot.
+        """
+        try:
+            if given is self._no_outputs:
+                return self._allocator.allocate_all(args)
+            if all(g is not None for g in given):
+                return given
+            return self._allocator.allocate(args, given)
+        except Exception:
+            return None
+
+    def _error(self, message: str) -> ArgumentError:
+        return ArgumentError(f"{self.spec.name}{self.spec.python_signature}: {message}")
+
+    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """The inputs in parameter order, from positional and keyword arguments and defaults."""
+        params = self._parameters
+        if len(args) > len(params):
+            raise self._error(f"takes {len(params)} positional arguments but {len(args)} were given")
+        values = list(args)
+        for p in params[len(args):]:
+            if p.name in kwargs:
+                values.append(kwargs.pop(p.name))
+            elif p.default is not _EMPTY:
+                values.append(p.default)
+            else:
+                raise self._error(f"missing argument '{p.name}'")
+        if kwargs:
+            named = {p.name for p in params[:len(args)]}
+            unknown = sorted(kwargs)
+            twice = [k for k in unknown if k in named]
+            if twice:
+                raise self._error(f"got multiple values for argument '{twice[0]}'")
+            raise self._error(f"got an unexpected keyword argument '{unknown[0]}'")
+        return tuple(values)
+
+    def _given(self, out: Any) -> tuple[Any, ...]:
+        """The outputs ``out=`` gives: one entry per output, None for each to allocate."""
+        count = self._n_outputs
+        if count == 0:
+            raise self._error("takes no out=: the kernel has no output arguments")
+        if type(out) is tuple:
+            if len(out) != count:
+                raise self._error(f"out= must hold {count} entries, one per output; got {len(out)}")
+            return out
+        if count > 1:
+            raise self._error(f"has {count} outputs: pass out= as a tuple of {count} arrays (or None)")
+        return (out,)

@@ -1,11 +1,13 @@
-"""The call plan: everything about a call that the signature fixes, computed once.
+"""The checked call: every check and conversion in Python, then the kernel through its packed wrapper.
 
 The compiled entry point is the packed wrapper ``void f(void** args)``. A
 :class:`CallPlan` lays out, once, a frame that holds that ``args`` array, the
 descriptor pointers, every argument's descriptor or scalar bytes and the result
-storage, all at fixed offsets. A call packs the arguments' changing values into
-the frame with one ``struct`` call and invokes the function pointer. Frames are
-pooled, so threads (and re-entrant calls) never share one.
+storage, all at fixed offsets. A call checks and converts the inputs once,
+allocates the outputs ``out=`` left out (from the checked inputs), checks the
+outputs, packs every argument's values into the frame with one ``struct`` call
+and invokes the function pointer. Frames are pooled, so threads (and
+re-entrant calls) never share one.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
-from .binders import Binder, CallState, MemRefBinder, UnrankedBinder
+from .allocation import OutputAllocator
+from .binders import Binder, CallState, ScalarBinder
 from .descriptors import align
 from .results import ResultReader
 from ..spec.signature import ArgSpec
@@ -38,9 +41,12 @@ class _Frame:
 class CallPlan:
     """Packs arguments into a frame, calls the kernel and decodes its results."""
 
-    def __init__(self, binders: Sequence[Binder], results: Sequence[ArgSpec], address: int,
-                 keep_alive: Any) -> None:
+    def __init__(self, binders: Sequence[Binder], n_inputs: int, allocator: OutputAllocator,
+                 results: Sequence[ArgSpec], address: int, keep_alive: Any) -> None:
         self.binders = tuple(binders)
+        self._inputs = self.binders[:n_inputs]
+        self._outputs = self.binders[n_inputs:]
+        self._allocator = allocator
         self._reader = ResultReader(results)
         self._function = _ENTRY(address)
         self._keep_alive = keep_alive
@@ -55,7 +61,7 @@ class CallPlan:
         # Memref arguments are passed as pointers to descriptors: one slot per pointer.
         descriptor_pointer: dict[int, int] = {}
         for i, binder in enumerate(binders):
-            if isinstance(binder, (MemRefBinder, UnrankedBinder)):
+            if not isinstance(binder, ScalarBinder):
                 descriptor_pointer[i] = offset
                 offset += _WORD
         result_pointer = offset if struct_result else None
@@ -89,23 +95,39 @@ class CallPlan:
         self.frame_size = self._results_offset + self._reader.size
         self.pointer_slots = tuple(pointer_slots)
 
-    def call(self, values: Sequence[Any]) -> tuple[Any, ...]:
-        """Run the kernel on ``values`` (one per MLIR argument); return its decoded results."""
+    def call(self, args: tuple[Any, ...], given: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        """Run the kernel on the inputs ``args`` and the outputs ``given`` (None for each to allocate).
+
+        Returns the output arrays and the decoded results; raises the error that
+        explains the first wrong argument.
+        """
         state = CallState()
-        results_wanted = bool(self._reader.results)
+        checked = [binder.check(value, state) for binder, value in zip(self._inputs, args)]
+        if any(g is None for g in given):
+            shown = tuple(c if not isinstance(b, ScalarBinder) else v
+                          for b, c, v in zip(self._inputs, checked, args))
+            outputs = self._allocator.allocate(shown, given)
+        else:
+            outputs = given
+        checked += [binder.check(value, state) for binder, value in zip(self._outputs, outputs)]
         packed: list[Any] = []
-        for binder, value in zip(self.binders, values):
-            packed.extend(binder.bind(value, state))
+        for binder, value in zip(self.binders, checked):
+            packed.extend(binder.pack(value, state))
         try:
             frame = self._frames.pop()
         except IndexError:
             frame = _Frame(self)
+        ran = False
         try:
             self._values.pack_into(frame.buffer, self._values_offset, *packed)
             self._function(frame.address)
+            ran = True
             results = (self._reader.read(frame.buffer, self._results_offset, state.buffers)
-                       if results_wanted else ())
+                       if self._reader.results else ())
         finally:
             self._frames.append(frame)
-        state.finish()
-        return results
+            if ran:
+                # Even when an exception (a KeyboardInterrupt) arrives right after the kernel
+                # returned, what it wrote into copies reaches the caller's arrays.
+                state.finish()
+        return outputs, results

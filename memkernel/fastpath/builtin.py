@@ -1,8 +1,7 @@
 """The compiled fast path, bound to this process as a builtin Python function.
 
 Binding fills the fast path's constants table with this process's addresses
-(numpy's array type, the dtype objects, CPython's float/int/bool types, the C
-API functions it calls and its two answer objects) and wraps the compiled
+(see :mod:`memkernel.fastpath.constants`) and wraps the compiled
 ``METH_FASTCALL`` function in a builtin function object, so a call costs what
 calling ``len`` costs. The fast path releases the GIL around the kernel, once
 it has read every Python object.
@@ -16,10 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from . import emitter as thunk
-from .abi import c_function
 from ..call.results import ResultReader
 from ..spec.signature import ArgSpec
+from . import constants
+from .constants import DONE
+from .emitter import FastPath
 
 _METH_FASTCALL = 0x0080
 
@@ -37,42 +37,12 @@ def _new_builtin(definition: _MethodDef) -> Any:
     return new(ctypes.addressof(definition), definition, None)
 
 
-class _Answer:
-    """The objects the fast path returns: ``DONE`` or ``DECLINED`` (plain objects, never immortal)."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"<fast path {self.name}>"
-
-
-DONE = _Answer("done")
-DECLINED = _Answer("declined")
-
-
-def _fill_constants(address: int, fast: thunk.FastPath) -> None:
-    table = (ctypes.c_int64 * fast.table_size).from_address(address)
-    table[thunk.ARRAY_TYPE] = id(np.ndarray)
-    table[thunk.FLOAT_TYPE] = id(float)
-    table[thunk.LONG_TYPE] = id(int)
-    table[thunk.BOOL_TYPE] = id(bool)
-    table[thunk.TRUE] = id(True)
-    table[thunk.SAVE_THREAD] = c_function("PyEval_SaveThread")
-    table[thunk.RESTORE_THREAD] = c_function("PyEval_RestoreThread")
-    table[thunk.AS_LONG_LONG] = c_function("PyLong_AsLongLongAndOverflow")
-    table[thunk.DONE] = id(DONE)
-    table[thunk.DECLINED] = id(DECLINED)
-    for i, dtype in enumerate(fast.dtypes):
-        table[thunk.FIRST_DTYPE + i] = id(dtype)
-
-
 class FastFunction:
     """Calls the fast path; None from a call means "take the checked Python path"."""
 
-    def __init__(self, function_address: int, consts_address: int, fast: thunk.FastPath,
+    def __init__(self, function_address: int, consts_address: int, fast: FastPath,
                  results: Sequence[ArgSpec]) -> None:
-        _fill_constants(consts_address, fast)
+        constants.fill(consts_address, fast.dtypes)
         self._dtypes = fast.dtypes  # the table holds their addresses: keep them alive
         self.raw = _new_builtin(_MethodDef(fast.function.encode(), function_address, _METH_FASTCALL, None))
         """``raw(args, outputs[, results])``: DONE if it ran the kernel, DECLINED if not."""

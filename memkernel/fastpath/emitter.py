@@ -20,7 +20,8 @@ refuse or convert.
 
 Process-specific addresses (type objects, dtype objects, C API functions) are
 not compiled in: they live in the global table ``__memkernel_consts_<name>``,
-filled after loading, so the compiled code can be cached on disk.
+filled after loading (see :mod:`memkernel.fastpath.constants`), so the compiled
+code can be cached on disk.
 """
 
 from __future__ import annotations
@@ -31,22 +32,10 @@ from dataclasses import dataclass
 import numpy as np
 from mlir import ir
 
-from .abi import LAYOUT
+from ..spec.contract import BufferContract, Contract, ScalarContract
 from ..spec.signature import ArgSpec, MemRefSpec, ScalarSpec
-
-# Slots of the constants table, then one slot per dtype object.
-(ARRAY_TYPE, FLOAT_TYPE, LONG_TYPE, BOOL_TYPE, TRUE, SAVE_THREAD, RESTORE_THREAD, AS_LONG_LONG,
- DONE, DECLINED) = range(10)
-FIRST_DTYPE = 10
-
-@dataclass(frozen=True)
-class FastArgument:
-    """One MLIR argument as the fast path sees it: where it comes from and what it may hold."""
-
-    spec: ArgSpec
-    from_outputs: bool
-    position: int
-    needs_writeable: bool
+from .abi import LAYOUT
+from .constants import FIRST_DTYPE, Slot
 
 
 @dataclass(frozen=True)
@@ -58,17 +47,11 @@ class FastPath:
     consts: str
     dtypes: tuple[np.dtype, ...]
 
-    @property
-    def table_size(self) -> int:
-        return FIRST_DTYPE + len(self.dtypes)
 
-
-def _handles(spec: ArgSpec) -> bool:
-    if isinstance(spec, MemRefSpec):
-        return True
-    if isinstance(spec, ScalarSpec):
-        return spec.element.kind in ("int", "bool") or spec.element.mlir in ("f32", "f64")
-    return False
+def _handles(contract: Contract) -> bool:
+    if isinstance(contract, BufferContract):
+        return contract.rank is not None
+    return contract.element.kind in ("int", "bool") or contract.element.mlir in ("f32", "f64")
 
 
 def lowered_argument_types(spec: ArgSpec) -> list[str]:
@@ -125,9 +108,11 @@ class _Emitter:
 
 
 class _Generator:
-    def __init__(self, name: str, arguments: Sequence[FastArgument], results: Sequence[ScalarSpec]) -> None:
+    def __init__(self, name: str, contracts: Sequence[Contract], n_inputs: int,
+                 results: Sequence[ScalarSpec]) -> None:
         self.name = name
-        self.arguments = arguments
+        self.contracts = contracts
+        self.n_inputs = n_inputs
         self.results = results
         self.dtypes: list[np.dtype] = []
         self.e = _Emitter()
@@ -135,6 +120,7 @@ class _Generator:
         self.function = f"__memkernel_fast_{name}"
 
     def _const_slot(self, slot: int) -> str:
+        """Load the constants table's entry ``slot`` (a :class:`Slot` or a dtype slot)."""
         table = self.e.value(f"llvm.mlir.addressof @{self.consts} : !llvm.ptr")
         return self.e.load(table, "!llvm.ptr", 8 * slot)
 
@@ -143,11 +129,15 @@ class _Generator:
             self.dtypes.append(dtype)
         return FIRST_DTYPE + self.dtypes.index(dtype)
 
-    def _object(self, argument: FastArgument) -> str:
-        source = self.outs if argument.from_outputs else self.args
-        return self.e.load(source, "!llvm.ptr", LAYOUT.tuple_items + 8 * argument.position)
+    def _object(self, contract: Contract) -> str:
+        """The Python object of an argument: from the inputs tuple, or the outputs tuple for an output."""
+        if contract.index < self.n_inputs:
+            source, position = self.args, contract.index
+        else:
+            source, position = self.outs, contract.index - self.n_inputs
+        return self.e.load(source, "!llvm.ptr", LAYOUT.tuple_items + 8 * position)
 
-    def _returning(self, slot: int) -> None:
+    def _returning(self, slot: Slot) -> None:
         """Return the object in constants slot ``slot`` as a new reference."""
         e = self.e
         obj = self._const_slot(slot)
@@ -159,22 +149,22 @@ class _Generator:
         actual = self.e.load(obj, "!llvm.ptr", LAYOUT.ob_type)
         return self.e.icmp("eq", actual, self._const_slot(slot), "!llvm.ptr")
 
-    def _memref(self, argument: FastArgument) -> list[str]:
+    def _memref(self, contract: BufferContract) -> list[str]:
         e = self.e
-        spec = argument.spec
-        assert isinstance(spec, MemRefSpec)
-        obj = self._object(argument)
-        e.check(self._is_type(obj, ARRAY_TYPE))
+        rank = contract.rank
+        assert rank is not None
+        obj = self._object(contract)
+        e.check(self._is_type(obj, Slot.ARRAY_TYPE))
         descr = e.load(obj, "!llvm.ptr", LAYOUT.array_descr)
         dtype_ok = [e.icmp("eq", descr, self._const_slot(self._dtype_slot(d)), "!llvm.ptr")
-                    for d in spec.element.accepted]
+                    for d in contract.dtypes]
         any_dtype = dtype_ok[0]
         for ok in dtype_ok[1:]:
             any_dtype = e.value(f"llvm.or {any_dtype}, {ok} : i1")
         nd = e.load(obj, "i32", LAYOUT.array_nd)
-        rank_ok = e.icmp("eq", nd, e.const(spec.rank, "i32"), "i32")
-        mask = LAYOUT.aligned | (LAYOUT.c_contiguous if spec.is_identity else 0)
-        mask |= LAYOUT.writeable if argument.needs_writeable else 0
+        rank_ok = e.icmp("eq", nd, e.const(rank, "i32"), "i32")
+        mask = LAYOUT.aligned | (LAYOUT.c_contiguous if contract.needs_contiguous else 0)
+        mask |= LAYOUT.writeable if contract.needs_writeable else 0
         flags = e.load(obj, "i32", LAYOUT.array_flags)
         masked = e.value(f"llvm.and {flags}, {e.const(mask, 'i32')} : i32")
         flags_ok = e.icmp("eq", masked, e.const(mask, "i32"), "i32")
@@ -182,18 +172,16 @@ class _Generator:
 
         data = e.load(obj, "!llvm.ptr", LAYOUT.array_data)
         dims = e.load(obj, "!llvm.ptr", LAYOUT.array_dims)
-        sizes = [e.load(dims, "i64", 8 * i) for i in range(spec.rank)]
-        conditions = [e.icmp("eq", size, e.const(want)) for size, want in zip(sizes, spec.shape)
-                      if want is not None]
-        if spec.is_identity:
+        sizes = [e.load(dims, "i64", 8 * i) for i in range(rank)]
+        conditions = [e.icmp("eq", sizes[i], e.const(want)) for i, want in contract.static_dims]
+        if contract.needs_contiguous:
             strides = self._contiguous_strides(sizes)
             aligned, offset = data, e.const(0)
         else:
-            strides = self._layout_strides(obj, spec, sizes, conditions)
-            assert spec.layout is not None
-            static_offset = spec.layout.offset or 0
+            strides = self._layout_strides(obj, contract, sizes, conditions)
+            static_offset = contract.layout_offset
             offset = e.const(static_offset)
-            aligned = e.at(data, -static_offset * spec.element.itemsize) if static_offset else data
+            aligned = e.at(data, -static_offset * contract.element.itemsize) if static_offset else data
         if conditions:
             e.check(e.all_of(conditions))
         return [data, aligned, offset, *sizes, *strides]
@@ -207,14 +195,16 @@ class _Generator:
             strides[i] = e.value(f"llvm.mul {strides[i + 1]}, {at_least_one} : i64")
         return strides
 
-    def _layout_strides(self, obj: str, spec: MemRefSpec, sizes: list[str], conditions: list[str]) -> list[str]:
+    def _layout_strides(self, obj: str, contract: BufferContract, sizes: list[str],
+                        conditions: list[str]) -> list[str]:
+        """The compiled form of :meth:`BufferContract.descriptor_strides`; its failures join ``conditions``."""
         e = self.e
-        assert spec.layout is not None
-        itemsize = e.const(spec.element.itemsize)
+        assert contract.layout_strides is not None
+        itemsize = e.const(contract.element.itemsize)
         zero, one = e.const(0), e.const(1)
         byte_strides = e.load(obj, "!llvm.ptr", LAYOUT.array_strides)
         strides = []
-        for i, (want, size) in enumerate(zip(spec.layout.strides, sizes)):
+        for i, (want, size) in enumerate(zip(contract.layout_strides, sizes)):
             in_bytes = e.load(byte_strides, "i64", 8 * i)
             remainder = e.value(f"llvm.srem {in_bytes}, {itemsize} : i64")
             conditions.append(e.icmp("eq", remainder, zero))
@@ -229,18 +219,16 @@ class _Generator:
             strides.append(expected)
         return strides
 
-    def _scalar(self, argument: FastArgument) -> list[str]:
+    def _scalar(self, contract: ScalarContract) -> list[str]:
         e = self.e
-        spec = argument.spec
-        assert isinstance(spec, ScalarSpec)
-        element = spec.element
-        obj = self._object(argument)
+        element = contract.element
+        obj = self._object(contract)
         if element.kind == "bool":
-            e.check(self._is_type(obj, BOOL_TYPE))
-            is_true = e.icmp("eq", obj, self._const_slot(TRUE), "!llvm.ptr")
+            e.check(self._is_type(obj, Slot.BOOL_TYPE))
+            is_true = e.icmp("eq", obj, self._const_slot(Slot.TRUE), "!llvm.ptr")
             return [is_true]
         if element.kind == "float":
-            e.check(self._is_type(obj, FLOAT_TYPE))
+            e.check(self._is_type(obj, Slot.FLOAT_TYPE))
             value = e.load(obj, "f64", LAYOUT.float_value)
             if element.mlir == "f64":
                 return [value]
@@ -255,14 +243,14 @@ class _Generator:
             not_finite = e.value(f"llvm.xor {was_finite}, {e.const(1, 'i1')} : i1")
             e.check(e.value(f"llvm.or {finite_ok}, {not_finite} : i1"))
             return [narrow]
-        e.check(self._is_type(obj, LONG_TYPE))
+        e.check(self._is_type(obj, Slot.LONG_TYPE))
         overflow = e.value("llvm.alloca " + e.const(1) + " x i32 : (i64) -> !llvm.ptr")
-        convert = self._const_slot(AS_LONG_LONG)
+        convert = self._const_slot(Slot.AS_LONG_LONG)
         value = e.value(f"llvm.call {convert}({obj}, {overflow}) : !llvm.ptr, (!llvm.ptr, !llvm.ptr) -> i64")
         flag = e.load(overflow, "i32")
         conditions = [e.icmp("eq", flag, e.const(0, "i32"), "i32")]
-        assert element.int_range is not None
-        low, high = element.int_range
+        assert contract.int_range is not None
+        low, high = contract.int_range
         if low > -(1 << 63):
             conditions.append(e.icmp("sge", value, e.const(low)))
         if high < (1 << 63) - 1:
@@ -283,12 +271,12 @@ class _Generator:
         self.outs = e.load("%argv", "!llvm.ptr", 8)
         operands: list[str] = []
         types: list[str] = []
-        for argument in self.arguments:
-            if isinstance(argument.spec, MemRefSpec):
-                operands += self._memref(argument)
+        for contract in self.contracts:
+            if isinstance(contract, BufferContract):
+                operands += self._memref(contract)
             else:
-                operands += self._scalar(argument)
-            types += lowered_argument_types(argument.spec)
+                operands += self._scalar(contract)
+            types += lowered_argument_types(contract.spec)
         result_types = [r.element.llvm_type for r in self.results]
         if not result_types:
             returned = "!llvm.void"
@@ -297,8 +285,8 @@ class _Generator:
         else:
             returned = f"!llvm.struct<({', '.join(str(t) for t in result_types)})>"
         signature = f"({', '.join(types)}) -> {returned if result_types else '()'}"
-        save = self._const_slot(SAVE_THREAD)
-        restore = self._const_slot(RESTORE_THREAD)
+        save = self._const_slot(Slot.SAVE_THREAD)
+        restore = self._const_slot(Slot.RESTORE_THREAD)
         state = e.value(f"llvm.call {save}() : !llvm.ptr, () -> !llvm.ptr")
         call = f"llvm.call @{self.name}({', '.join(operands)}) : {signature}"
         if result_types:
@@ -309,9 +297,9 @@ class _Generator:
         else:
             e.op(call)
         e.op(f"llvm.call {restore}({state}) : !llvm.ptr, (!llvm.ptr) -> ()")
-        self._returning(DONE)
+        self._returning(Slot.DONE)
         e.lines.append("^fallback:")
-        self._returning(DECLINED)
+        self._returning(Slot.DECLINED)
         body = "\n".join(e.lines)
         declared_return = f" -> {returned}" if result_types else ""
         size = FIRST_DTYPE + len(self.dtypes)
@@ -325,12 +313,17 @@ llvm.func @{self.function}(%self: !llvm.ptr, %argv: !llvm.ptr, %nargs: i64) -> !
         return FastPath(text, self.function, self.consts, tuple(self.dtypes))
 
 
-def fast_path(name: str, arguments: Sequence[FastArgument], results: Sequence[ArgSpec]) -> FastPath | None:
-    """The fast path for a kernel, or None if one of its argument kinds is not handled."""
+def fast_path(name: str, contracts: Sequence[Contract], n_inputs: int,
+              results: Sequence[ArgSpec]) -> FastPath | None:
+    """The fast path for a kernel, or None if one of its argument kinds is not handled.
+
+    ``contracts`` has one entry per MLIR argument; the first ``n_inputs`` come
+    from the inputs tuple, the others from the outputs tuple.
+    """
     scalars = [r for r in results if isinstance(r, ScalarSpec)]
-    if not all(_handles(a.spec) for a in arguments) or len(scalars) != len(results):
+    if not all(_handles(c) for c in contracts) or len(scalars) != len(results):
         return None
-    return _Generator(name, arguments, scalars).generate()
+    return _Generator(name, contracts, n_inputs, scalars).generate()
 
 
 def _function(module: ir.Module, name: str) -> ir.Operation | None:

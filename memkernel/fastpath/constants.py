@@ -1,0 +1,78 @@
+"""The fast path's constants table: process-specific addresses, named once with what fills them.
+
+Compiled code must not hold addresses of this process (type objects, dtype
+objects, C API functions), or it could not be cached on disk. The emitted
+function loads them from the global table ``__memkernel_consts_<name>``
+instead, by :class:`Slot`; :func:`fill` writes them after the code is loaded.
+Slots past the named ones hold the dtype objects the kernel's arrays may have.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable, Sequence
+from enum import IntEnum
+
+import numpy as np
+
+from .abi import c_function
+
+
+class Answer:
+    """What the fast path returns: :data:`DONE` or :data:`DECLINED` (plain objects, never immortal)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<fast path {self.name}>"
+
+
+DONE = Answer("done")
+"""Returned when the fast path ran the kernel."""
+DECLINED = Answer("declined")
+"""Returned, before anything ran, for a call the fast path does not handle."""
+
+
+class Slot(IntEnum):
+    """The named slots of the table; :data:`FILL` says what each holds."""
+
+    ARRAY_TYPE = 0
+    FLOAT_TYPE = 1
+    LONG_TYPE = 2
+    BOOL_TYPE = 3
+    TRUE = 4
+    SAVE_THREAD = 5
+    RESTORE_THREAD = 6
+    AS_LONG_LONG = 7
+    DONE = 8
+    DECLINED = 9
+
+
+FILL: dict[Slot, Callable[[], int]] = {
+    Slot.ARRAY_TYPE: lambda: id(np.ndarray),  # compared with an argument's ob_type: exact ndarrays only
+    Slot.FLOAT_TYPE: lambda: id(float),
+    Slot.LONG_TYPE: lambda: id(int),
+    Slot.BOOL_TYPE: lambda: id(bool),
+    Slot.TRUE: lambda: id(True),
+    Slot.SAVE_THREAD: lambda: c_function("PyEval_SaveThread"),  # releases the GIL around the kernel
+    Slot.RESTORE_THREAD: lambda: c_function("PyEval_RestoreThread"),
+    Slot.AS_LONG_LONG: lambda: c_function("PyLong_AsLongLongAndOverflow"),
+    Slot.DONE: lambda: id(DONE),
+    Slot.DECLINED: lambda: id(DECLINED),
+}
+
+FIRST_DTYPE = len(Slot)
+"""The first slot after the named ones: the dtype objects, in the order the emitter asked for them."""
+
+
+def fill(address: int, dtypes: Sequence[np.dtype]) -> None:
+    """Write this process's addresses into the table at ``address``.
+
+    The caller keeps ``dtypes`` alive as long as the code can run: the table holds their addresses.
+    """
+    table = (ctypes.c_int64 * (FIRST_DTYPE + len(dtypes))).from_address(address)
+    for slot, value in FILL.items():
+        table[slot] = value()
+    for i, dtype in enumerate(dtypes):
+        table[FIRST_DTYPE + i] = id(dtype)

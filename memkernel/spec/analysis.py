@@ -1,0 +1,142 @@
+"""Everything decoration learns about a kernel, as one frozen :class:`KernelSpec`.
+
+:func:`analyse` reads the parsed source once: the function's signature, the
+Python parameters that name its leading arguments, which memrefs the kernel
+may write, and from those each argument's :mod:`contract <memkernel.spec.contract>`.
+Nothing at call time reads MLIR again.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import SignatureError
+from .contract import Contract, contract_for
+from .signature import ArgSpec, ScalarSpec, Signature, read_signature
+from .source import MLIR_LOCK, ParsedSource
+from .writes import written_arguments
+
+_PARAMETER = inspect.Parameter
+
+
+class _TypeText(str):
+    """An annotation that shows as the MLIR type text, unquoted, in signatures."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """A kernel as decoration reads it.
+
+    ``parameters`` are the Python function's parameters, naming the leading
+    MLIR arguments; the trailing ones are outputs. ``written`` holds the
+    indices of the memref arguments the kernel may write. ``contracts`` has
+    one entry per MLIR argument.
+    """
+
+    name: str
+    signature: Signature
+    parameters: tuple[inspect.Parameter, ...]
+    written: frozenset[int]
+    contracts: tuple[Contract, ...]
+
+    @property
+    def n_inputs(self) -> int:
+        return len(self.parameters)
+
+    @property
+    def n_outputs(self) -> int:
+        return len(self.signature.args) - len(self.parameters)
+
+    @property
+    def outputs(self) -> tuple[ArgSpec, ...]:
+        return self.signature.args[self.n_inputs:]
+
+    @property
+    def python_signature(self) -> inspect.Signature:
+        """The call signature, each parameter annotated with its MLIR type; ``out=`` when there are outputs."""
+        args = self.signature.args
+        params = [p.replace(annotation=_TypeText(args[i].mlir)) for i, p in enumerate(self.parameters)]
+        outputs = self.outputs
+        if outputs:
+            params.append(_PARAMETER("out", _PARAMETER.KEYWORD_ONLY, default=None,
+                                     annotation=_TypeText(" | ".join(["None", *(o.mlir for o in outputs)]))))
+        returned = [o.mlir for o in outputs] + [r.mlir for r in self.signature.results]
+        annotation: Any = inspect.Signature.empty
+        if len(returned) == 1:
+            annotation = _TypeText(returned[0])
+        elif returned:
+            annotation = _TypeText(f"tuple[{', '.join(returned)}]")
+        return inspect.Signature(params, return_annotation=annotation)
+
+
+def default_name(function: Callable[..., Any], parsed: ParsedSource) -> str:
+    """The Python function's name; for a lambda, the source's only function."""
+    if function.__name__ != "<lambda>":
+        return function.__name__
+    with MLIR_LOCK, parsed.context:
+        defined = parsed.defined_names()
+    if len(defined) != 1:
+        listed = ", ".join(f"@{n}" for n in defined) or "none"
+        raise SignatureError(f"a lambda has no name to pick a function by (defined: {listed}); pass name=.")
+    return defined[0]
+
+
+def _parameters(name: str, function: Callable[..., Any], signature: Signature) -> tuple[inspect.Parameter, ...]:
+    params = list(inspect.signature(function).parameters.values())
+    mlir_args = signature.args
+    for p in params:
+        if p.kind in (_PARAMETER.VAR_POSITIONAL, _PARAMETER.VAR_KEYWORD):
+            raise SignatureError(
+                f"{name}(): parameter {p} cannot name an MLIR argument; name each argument with its own parameter."
+            )
+    if len(params) > len(mlir_args):
+        raise SignatureError(
+            f"{name}(): the Python function has {len(params)} parameters but @{name} takes {len(mlir_args)} "
+            f"arguments ({', '.join(a.mlir for a in mlir_args) or 'none'})."
+        )
+    for i, spec in enumerate(mlir_args[len(params):], start=len(params)):
+        if getattr(spec, "tensor", False):
+            raise SignatureError(
+                f"{name}(): MLIR argument #{i} ({spec.mlir}) has no Python parameter. A tensor argument is an "
+                "input (a tensor function returns its results); add a parameter for it."
+            )
+        if isinstance(spec, ScalarSpec):
+            raise SignatureError(
+                f"{name}(): MLIR argument #{i} ({spec.mlir}) has no Python parameter. Arguments the Python "
+                "signature leaves out are outputs, which must be memrefs; add a parameter for it."
+            )
+    if len(params) < len(mlir_args) and any(p.name == "out" for p in params):
+        raise SignatureError(
+            f"{name}(): a parameter named 'out' clashes with the out= keyword of a kernel with outputs; rename it."
+        )
+    return tuple(params)
+
+
+def output_names(count: int) -> list[str]:
+    """How messages call the outputs: ``out`` for one, ``out[i]`` for several."""
+    return ["out"] if count == 1 else [f"out[{i}]" for i in range(count)]
+
+
+def analyse(parsed: ParsedSource, function: Callable[..., Any], name: str) -> KernelSpec:
+    """Read ``func.func @name`` of ``parsed`` and the Python ``function`` naming its inputs.
+
+    Raises SignatureError when the function is missing, a type is not
+    supported, or the Python signature does not fit the MLIR one.
+    """
+    with MLIR_LOCK, parsed.context:
+        signature = read_signature(parsed.function(name))
+        written = written_arguments(parsed.module, name)
+    parameters = _parameters(name, function, signature)
+    n_inputs = len(parameters)
+    names = [p.name for p in parameters] + output_names(len(signature.args) - n_inputs)
+    contracts = tuple(
+        contract_for(name, names[i], i, spec, is_output=i >= n_inputs, may_write=i in written)
+        for i, spec in enumerate(signature.args)
+    )
+    return KernelSpec(name, signature, parameters, written, contracts)
