@@ -7,11 +7,11 @@ import threading
 import numpy as np
 import pytest
 
-import memkernel.call.plan
 from memkernel import ArgumentError, ShapeError, ValueRangeError, mlir_kernel
 from memkernel.fastpath.abi import fast_path_supported
 
 from ..kernels import elementwise
+from .conftest import with_fast_path
 
 AXPY = """
 func.func @axpy(%alpha: {t}, %x: memref<?x{t}>, %y: memref<?x{t}>) {{
@@ -47,23 +47,9 @@ func.func @stats(%x: memref<?xi64>, %shift: i8, %flag: i1) -> (i64, i8, i1) {
 pytestmark = pytest.mark.skipif(not fast_path_supported(), reason="fast path off on this interpreter")
 
 
-@pytest.fixture
-def checked_path_calls(monkeypatch):
-    """Counts the calls that reach the checked Python path (each makes one CallState)."""
-    calls = []
-
-    class CountingState(memkernel.call.plan.CallState):
-        def __init__(self) -> None:
-            super().__init__()
-            calls.append(self)
-
-    monkeypatch.setattr(memkernel.call.plan, "CallState", CountingState)
-    return calls
-
-
 @pytest.fixture(scope="module")
 def add():
-    return mlir_kernel(elementwise("arith.addf", "memref<?x?xf32>", "f32", 2), name="k")(lambda a, b: None)
+    return with_fast_path(mlir_kernel(elementwise("arith.addf", "memref<?x?xf32>", "f32", 2), name="k")(lambda a, b: None))
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +57,7 @@ def axpy32():
     @mlir_kernel(AXPY.format(t="f32"))
     def axpy(alpha, x, y): ...
 
-    return axpy
+    return with_fast_path(axpy)
 
 
 @pytest.fixture(scope="module")
@@ -79,24 +65,25 @@ def stats():
     @mlir_kernel(SUM_AND_SHIFT)
     def stats(x, shift, flag): ...
 
-    return stats
+    return with_fast_path(stats)
 
 
-def test_common_call_never_reaches_the_checked_path(add, checked_path_calls):
+def test_common_call_never_reaches_the_checked_path(add):
     a, b = np.ones((3, 4), np.float32), np.full((3, 4), 2.0, np.float32)
     out = np.zeros((3, 4), np.float32)
     np.testing.assert_array_equal(add(a, b), a + b)
+    assert add.invoker.last_path == "fast"
     assert add(a, b, out=out) is out
+    assert add.invoker.last_path == "fast"
     np.testing.assert_array_equal(out, a + b)
-    assert checked_path_calls == []
 
 
-def test_scalars_and_results_go_through_the_fast_path(stats, checked_path_calls):
+def test_scalars_and_results_go_through_the_fast_path(stats):
     x = np.arange(10, dtype=np.int64)
     total, shifted, negated = stats(x, 100, True)
+    assert stats.invoker.last_path == "fast"
     assert (total, shifted, negated) == (45, 101, False)
     assert (type(total), type(shifted), type(negated)) == (np.int64, np.int8, np.bool_)
-    assert checked_path_calls == []
 
 
 DECLINED = {
@@ -109,11 +96,11 @@ DECLINED = {
 
 
 @pytest.mark.parametrize("make", DECLINED.values(), ids=DECLINED.keys())
-def test_unusual_input_is_handled_by_the_checked_path(make, add, checked_path_calls):
+def test_unusual_input_is_handled_by_the_checked_path(make, add):
     a = np.arange(12, dtype=np.float32).reshape(3, 4)
     value, _ = make(a)
     np.testing.assert_array_equal(add(value, a), a + a)
-    assert len(checked_path_calls) == 1
+    assert add.invoker.last_path == "checked"
 
 
 @pytest.mark.parametrize("bad, error", [
@@ -166,10 +153,10 @@ def test_out_of_range_int_is_declined_and_explained(value, stats):
 
 
 @pytest.mark.parametrize("value, converted", [(np.int8(5), 6), (True, 2)])
-def test_int_like_values_the_fast_path_declines_still_work(value, converted, stats, checked_path_calls):
+def test_int_like_values_the_fast_path_declines_still_work(value, converted, stats):
     _, shifted, _ = stats(np.zeros(1, np.int64), value, False)
+    assert stats.invoker.last_path == "checked"
     assert shifted == converted
-    assert len(checked_path_calls) == 1
 
 
 SPIN = """
@@ -200,6 +187,7 @@ def test_gil_is_released_while_the_kernel_runs(through):
     @mlir_kernel(SPIN)
     def wait_for(flag, limit): ...
 
+    with_fast_path(wait_for)
     flag = np.zeros(1, np.int32)
     limit = 20_000_000_000  # some seconds of spinning: the bound only matters if the GIL is held
     argument = limit if through == "fast path" else np.int64(limit)  # a numpy int is declined

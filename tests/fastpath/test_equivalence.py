@@ -1,0 +1,278 @@
+"""The fast path and the checked path agree: same result bits, or the same error after the fast path declined.
+
+In the style of Triton's ``test_specialize.py``: hypothesis draws argument tuples,
+valid and invalid, for kernels of varied signatures; each tuple is built twice,
+identically, and given to the kernel compiled with the fast path and to the same
+kernel compiled without it. A value the fast path accepts and the checked path
+refuses is a failure, and so is any difference in what the two return or write.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from memkernel import Kernel, MemkernelError, mlir_kernel
+
+from ..kernels import elementwise
+from .conftest import with_fast_path
+
+STATS = """
+func.func @stats(%x: memref<4x?xi32>, %shift: si16, %flag: i1, %u: ui8, %k: index, %f: f32, %d: f64, %s: i8)
+    -> (i32, si16, i1, ui8, index, f32, f64, i8) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c4 = arith.constant 4 : index
+  %n = memref.dim %x, %c1 : memref<4x?xi32>
+  %zero = arith.constant 0 : i32
+  %sum = scf.for %i = %c0 to %c4 step %c1 iter_args(%acc = %zero) -> i32 {
+    %row = scf.for %j = %c0 to %n step %c1 iter_args(%a = %acc) -> i32 {
+      %v = memref.load %x[%i, %j] : memref<4x?xi32>
+      %t = arith.addi %a, %v : i32
+      scf.yield %t : i32
+    }
+    scf.yield %row : i32
+  }
+  return %sum, %shift, %flag, %u, %k, %f, %d, %s : i32, si16, i1, ui8, index, f32, f64, i8
+}"""
+
+SCALE = """
+func.func @scale(%x: memref<?x?xf64, strided<[?, ?], offset: ?>>, %s: f64,
+                 %y: memref<?x?xf64, strided<[?, 1], offset: ?>>) {
+  linalg.generic {indexing_maps = [affine_map<(i, j) -> (i, j)>, affine_map<(i, j) -> (i, j)>],
+                  iterator_types = ["parallel", "parallel"]}
+      ins(%x : memref<?x?xf64, strided<[?, ?], offset: ?>>)
+      outs(%y : memref<?x?xf64, strided<[?, 1], offset: ?>>) {
+  ^bb0(%a: f64, %b: f64):
+    %m = arith.mulf %a, %s : f64
+    linalg.yield %m : f64
+  }
+  return
+}"""
+
+SHIFTED = """
+func.func @shifted(%x: memref<3x4xf32, strided<[4, 1], offset: 2>>, %y: memref<3x4xf32>) {
+  linalg.copy ins(%x : memref<3x4xf32, strided<[4, 1], offset: 2>>) outs(%y : memref<3x4xf32>)
+  return
+}"""
+
+INCREMENT = """
+func.func @increment(%x: memref<?xi64>, %by: i64) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %n = memref.dim %x, %c0 : memref<?xi64>
+  scf.for %i = %c0 to %n step %c1 {
+    %v = memref.load %x[%i] : memref<?xi64>
+    %w = arith.addi %v, %by : i64
+    memref.store %w, %x[%i] : memref<?xi64>
+  }
+  return
+}"""
+
+
+@dataclass(frozen=True)
+class ArrayRecipe:
+    """How to build one array argument, so that two identical, independent copies can be made."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    view: str
+    writeable: bool
+
+    def build(self) -> Any:
+        base_shape = tuple(2 * d + 1 for d in self.shape)
+        base = (np.arange(int(np.prod(base_shape)), dtype=np.int64) % 7 - 3).reshape(base_shape)
+        base = base.astype(self.dtype)
+        plain = base[tuple(slice(0, d) for d in self.shape)].copy()
+        if self.view == "contiguous":
+            array = plain
+        elif self.view == "step":
+            array = base[tuple(slice(0, 2 * d, 2) for d in self.shape)]
+        elif self.view == "negative":
+            array = plain[tuple(slice(None, None, -1) for _ in self.shape)]
+        elif self.view == "transposed":
+            array = plain.T.copy().T
+        elif self.view == "fortran":
+            array = np.asfortranarray(plain)
+        elif self.view == "offset":
+            array = base[tuple(slice(1, 1 + d) for d in self.shape)]
+        elif self.view == "misaligned":
+            raw = np.zeros(plain.nbytes + 1, np.uint8)[1:]
+            array = raw.view(plain.dtype).reshape(plain.shape) if plain.itemsize > 1 else plain
+            array[...] = plain
+        elif self.view == "subclass":
+            array = plain.view(type("Sub", (np.ndarray,), {}))
+        elif self.view == "list":
+            return plain.tolist()
+        else:
+            raise AssertionError(self.view)
+        array.flags.writeable = self.writeable
+        return array
+
+
+VIEWS = ["contiguous", "contiguous", "contiguous", "step", "negative", "transposed", "fortran", "offset",
+         "misaligned", "subclass", "list"]
+
+
+def arrays(dtypes: list[str], shape: st.SearchStrategy[tuple[int, ...]]) -> st.SearchStrategy[ArrayRecipe]:
+    return st.builds(ArrayRecipe, st.sampled_from(dtypes), shape, st.sampled_from(VIEWS),
+                     st.sampled_from([True, True, True, False]))
+
+
+def dims(rank: int) -> st.SearchStrategy[tuple[int, ...]]:
+    return st.tuples(*[st.integers(0, 5)] * rank)
+
+
+def integers(bits: int, signed: bool, signless: bool) -> st.SearchStrategy[Any]:
+    low = -(1 << (bits - 1)) if signed or signless else 0
+    high = (1 << bits) - 1 if signless or not signed else (1 << (bits - 1)) - 1
+    edges = [low, high, low - 1, high + 1, 0, 1, -1, 2**64, -2**64]
+    edge = st.sampled_from(edges)
+    numpy = st.sampled_from([np.int8(-1), np.uint8(200), np.int64(min(high, 2**63 - 1)), np.uint64(2**64 - 1),
+                             np.int32(3), np.bool_(True)])
+    other = st.sampled_from([1.0, 2.5, "3", None, True, False, complex(1, 0), np.float32(1)])
+    return st.one_of(edge, st.integers(low, high), numpy, other)
+
+
+def floats(bits: int) -> st.SearchStrategy[Any]:
+    edges = st.sampled_from([3.4e38, 3.5e38, -3.5e38, 1e308, float("inf"), float("nan"), -0.0, 1e-46, 5e-324])
+    others = st.sampled_from([1, True, np.float32(1.5), np.float64(2.5), np.float16(3), 2**70, "1.0", None,
+                              1 + 2j, np.longdouble(1)])
+    return st.one_of(edges, st.floats(width=bits), others)
+
+
+def booleans() -> st.SearchStrategy[Any]:
+    return st.sampled_from([True, False, 0, 1, -1, 2, np.bool_(True), np.int8(1), 1.0, None, "x"])
+
+
+def build(value: Any) -> Any:
+    return value.build() if isinstance(value, ArrayRecipe) else value
+
+
+def outcome(kernel: Kernel, args: tuple[Any, ...], out: Any) -> tuple[str, Any, tuple[Any, ...]]:
+    """What a call gives: ("ok", returned, args) or ("error", exception type, args)."""
+    built = tuple(build(a) for a in args)
+    built_out = None if out is None else build(out)
+    try:
+        returned = kernel(*built) if built_out is None else kernel(*built, out=built_out)
+    except MemkernelError as exc:
+        return "error", type(exc), built
+    return "ok", returned, built
+
+
+def same_bits(a: Any, b: Any) -> bool:
+    if isinstance(a, tuple):
+        return isinstance(b, tuple) and len(a) == len(b) and all(same_bits(x, y) for x, y in zip(a, b))
+    if a is None or b is None:
+        return a is b
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return a.tobytes() == b.tobytes()
+
+
+def check_equivalent(fast: Kernel, checked: Kernel, args: tuple[Any, ...], out: Any = None) -> None:
+    got_fast = outcome(fast, args, out)
+    took_fast = fast.invoker.last_path == "fast"
+    got_checked = outcome(checked, args, out)
+    assert checked.invoker.last_path == "checked"
+    if took_fast:
+        assert got_checked[0] == "ok", f"the fast path accepted what the checked path refuses: {got_checked[1]}"
+    assert got_fast[0] == got_checked[0], (got_fast[1], got_checked[1])
+    if got_fast[0] == "error":
+        assert got_fast[1] is got_checked[1]
+        return
+    assert same_bits(got_fast[1], got_checked[1])
+    for a, b in zip(got_fast[2], got_checked[2]):
+        if isinstance(a, np.ndarray):
+            assert same_bits(a, b), "the two paths wrote different values into an argument"
+
+
+def pair(source: str, name: str, function: Any) -> tuple[Kernel, Kernel]:
+    """The kernel compiled with the fast path, and without."""
+    fast = with_fast_path(mlir_kernel(source, name=name)(function))
+    checked = with_fast_path(mlir_kernel(source, name=name, cache=False)(function), enabled=False)
+    assert fast.invoker.fast is not None and checked.invoker.fast is None
+    return fast, checked
+
+
+EXAMPLES = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.fixture(scope="module")
+def add():
+    return pair(elementwise("arith.addf", "memref<?x?xf32>", "f32", 2), "k", lambda a, b: None)
+
+
+@pytest.fixture(scope="module")
+def stats():
+    return pair(STATS, "stats", lambda x, shift, flag, u, k, f, d, s: None)
+
+
+@pytest.fixture(scope="module")
+def scale():
+    return pair(SCALE, "scale", lambda x, s: None)
+
+
+@pytest.fixture(scope="module")
+def shifted():
+    return pair(SHIFTED, "shifted", lambda x: None)
+
+
+@pytest.fixture(scope="module")
+def increment():
+    return pair(INCREMENT, "increment", lambda x, by: None)
+
+
+@EXAMPLES
+@given(data=st.data())
+def test_elementwise_add(add, data):
+    shape = data.draw(st.one_of(dims(2), dims(1), dims(3)), label="shape")
+    f32 = ["float32", "float32", "float32", "float64", "int32"]
+    a = data.draw(arrays(f32, st.just(shape)), label="a")
+    b = data.draw(arrays(f32, st.just(shape)), label="b")
+    out = data.draw(st.one_of(st.none(), arrays(f32, st.just(shape))), label="out")
+    check_equivalent(*add, (a, b), out)
+
+
+@EXAMPLES
+@given(data=st.data())
+def test_scalars_of_every_kind_and_a_static_dim(stats, data):
+    x = data.draw(arrays(["int32", "int32", "uint32", "int64", "float32"],
+                         st.one_of(st.tuples(st.just(4), st.integers(0, 5)), dims(2), dims(1))), label="x")
+    args = (x, data.draw(integers(16, True, False), label="si16"), data.draw(booleans(), label="i1"),
+            data.draw(integers(8, False, False), label="ui8"), data.draw(integers(64, True, False), label="index"),
+            data.draw(floats(32), label="f32"), data.draw(floats(64), label="f64"),
+            data.draw(integers(8, False, True), label="i8"))
+    check_equivalent(*stats, args)
+
+
+@EXAMPLES
+@given(data=st.data())
+def test_strided_layouts_and_a_float_scalar(scale, data):
+    shape = data.draw(st.one_of(dims(2), dims(1)), label="shape")
+    f64 = ["float64", "float64", "float32"]
+    x = data.draw(arrays(f64, st.just(shape)), label="x")
+    out = data.draw(st.one_of(st.none(), arrays(f64, st.just(shape))), label="out")
+    check_equivalent(*scale, (x, data.draw(floats(64), label="s")), out)
+
+
+@EXAMPLES
+@given(data=st.data())
+def test_static_shape_and_offset(shifted, data):
+    x = data.draw(arrays(["float32", "float32", "float64"],
+                         st.sampled_from([(3, 4), (3, 4), (4, 3), (3, 5), (12,)])), label="x")
+    out = data.draw(st.one_of(st.none(), arrays(["float32"], st.sampled_from([(3, 4), (4, 3)]))), label="out")
+    check_equivalent(*shifted, (x,), out)
+
+
+@EXAMPLES
+@given(data=st.data())
+def test_an_argument_written_in_place(increment, data):
+    x = data.draw(arrays(["int64", "int64", "uint64", "int32"], st.one_of(dims(1), dims(2))), label="x")
+    check_equivalent(*increment, (x, data.draw(integers(64, True, True), label="by")))
