@@ -1,9 +1,14 @@
-"""Native symbol lookups the MLIR Python bindings do not expose.
+"""Native code the MLIR Python bindings do not reach: symbol lookups, and objects linked without MLIR.
 
 ``ExecutionEngine.raw_lookup`` only finds packed wrappers (``_mlir_<name>``).
 memkernel also needs the plain symbols of the fast path and its constants
 table, which the MLIR C API function ``mlirExecutionEngineLookup`` returns; it
 is called here through ctypes on the bindings' own C API library.
+
+:class:`LoadedObject` links a cached object file into its own LLJIT through
+LLVM's ORC C API, and frees that JIT when it is collected.
+:func:`engine_libraries` keeps an ExecutionEngine from tearing down a runtime
+library other kernels share when it is freed.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ import ctypes
 import functools
 import importlib.util
 import os
+import weakref
+from collections.abc import Iterable
 
 from mlir.execution_engine import ExecutionEngine
 
@@ -59,6 +66,7 @@ def _llvm() -> ctypes.CDLL:
         getattr(library, name)()
     signatures = {
         "LLVMOrcCreateLLJIT": ([ctypes.POINTER(_P), _P], _P),
+        "LLVMOrcDisposeLLJIT": ([_P], _P),
         "LLVMOrcLLJITGetMainJITDylib": ([_P], _P),
         "LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess": ([ctypes.POINTER(_P), ctypes.c_char, _P, _P], _P),
         "LLVMOrcCreateDynamicLibrarySearchGeneratorForPath": (
@@ -103,17 +111,27 @@ def _check(error: int | None) -> None:
         raise ObjectLoadError(_message(error, "LLVMDisposeErrorMessage"))
 
 
+def _dispose(jit: ctypes.c_void_p) -> None:
+    error = _llvm().LLVMOrcDisposeLLJIT(jit)
+    if error:  # the session's teardown failed; nothing more can be freed or reported from a finalizer
+        _message(error, "LLVMDisposeErrorMessage")
+
+
 class LoadedObject:
     """A relocatable object linked into its own LLJIT instance, against the process and ``libraries``.
 
-    The instance lives as long as this object; its code is never unmapped while
-    a kernel can still call it.
+    The JIT, and with it the object's code, lives as long as this object: it is
+    freed (``LLVMOrcDisposeLLJIT``) when this object is collected, so whoever
+    calls the code must hold this object. It is not freed at interpreter exit.
+    Raises ObjectLoadError if LLVM cannot create the JIT or load the object.
     """
 
     def __init__(self, code: bytes, libraries: tuple[str, ...]) -> None:
         llvm = _llvm()
         self._jit = _P()
         _check(llvm.LLVMOrcCreateLLJIT(ctypes.byref(self._jit), None))
+        self._release = weakref.finalize(self, _dispose, self._jit)
+        self._release.atexit = False
         dylib = llvm.LLVMOrcLLJITGetMainJITDylib(self._jit)
         generator = _P()
         _check(llvm.LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess(ctypes.byref(generator), b"\0", None, None))
@@ -131,3 +149,39 @@ class LoadedObject:
         address = ctypes.c_uint64()
         _check(_llvm().LLVMOrcLLJITLookup(self._jit, ctypes.byref(address), name.encode()))
         return address.value
+
+
+# -- libraries an ExecutionEngine must not own ------------------------------------------
+
+_ENGINE_HOOKS = ("__mlir_execution_engine_init", "__mlir_execution_engine_destroy")
+_process_wide: dict[str, ctypes.CDLL] = {}
+
+
+def _has_engine_hooks(path: str) -> bool:
+    try:
+        library = ctypes.CDLL(path)
+    except OSError:
+        return False
+    return all(hasattr(library, hook) for hook in _ENGINE_HOOKS)
+
+
+def engine_libraries(paths: Iterable[str]) -> list[str]:
+    """The libraries of ``paths`` to give an ExecutionEngine's ``shared_libs``.
+
+    An ExecutionEngine calls ``__mlir_execution_engine_destroy`` of each such
+    library when it is freed. The async runtime's (``libmlir_async_runtime``,
+    which ``parallel=True`` kernels call) destroys the one thread pool every
+    parallel kernel in the process shares and leaves a null pointer behind: the
+    next parallel kernel to run dereferences it (SIGSEGV). So a library with
+    those hooks is instead loaded once into the process's global symbol scope,
+    for good, where the engine's JIT finds its symbols, and is left out of the
+    list; the engine then has no destroy hook to run.
+    """
+    kept = []
+    for path in paths:
+        if path in _process_wide or _has_engine_hooks(path):
+            if path not in _process_wide:
+                _process_wide[path] = ctypes.CDLL(path, mode=os.RTLD_GLOBAL)
+        else:
+            kept.append(path)
+    return kept
