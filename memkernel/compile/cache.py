@@ -5,31 +5,49 @@ function, the pipeline, the optimization level, the linked libraries, the
 fast path's layout, the memkernel, MLIR/LLVM, numpy and Python versions, and
 the host CPU. It is built from sorted, explicit fields and hashed once.
 
-On disk an entry is one file, ``<key>.mkc``: a magic line, a JSON header (the
-key's fields, the libraries to link, the object's SHA-256) and the relocatable
-object the JIT produced. It is written to a temporary file and renamed into
-place, so a reader sees a whole entry or none. An entry whose header does not
-match the expected fields, whose object does not hash to the recorded digest,
-or that does not parse, is ignored and rebuilt, never loaded.
+In the process, a compiled kernel is shared by every kernel made from the same
+key while one of them is alive, and the :data:`KEEP_RECENT` most recently used
+are kept for re-decoration even when none is: the code of any other is freed
+when its last kernel is collected.
+
+On disk an entry is one file, ``<key>.mkc``: a magic line, an HMAC-SHA256 tag,
+then a JSON header (the key's fields, the libraries to link, whether it has a
+fast path and may print) and the relocatable object the JIT produced. The tag
+covers the key's digest and everything after it, keyed with a secret of 32
+random bytes kept in the folder (``hmac.key``, mode 0600, made once): an entry
+written for another key, edited, or copied in from another cache folder does
+not verify, and is rebuilt, never loaded. An entry is written to a temporary
+file and renamed into place, so a reader sees a whole entry or none. An entry
+that is not a regular file (a FIFO, a symbolic link, a device) or is larger
+than :data:`MAX_ENTRY_BYTES` is never read: it is a miss, and rebuilt.
 
 The folder is ``$MEMKERNEL_CACHE_DIR`` when set (set it empty to switch the
 disk cache off), else ``$XDG_CACHE_HOME/memkernel`` or ``~/.cache/memkernel``.
+memkernel creates it private to the user (mode 0700) and refuses, with one
+RuntimeWarning, a folder that another user owns or that its group or others
+may write: whoever can write the folder can run code in this process. It then
+runs without the disk cache.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
+import secrets
+import stat
 import struct
 import sys
-import tempfile
 import threading
 import warnings
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 import numpy as np
@@ -38,10 +56,19 @@ from . import objects as jit
 
 Compiled = TypeVar("Compiled")
 
-_MAGIC = b"MEMKERNEL-CACHE-1\n"
+KEEP_RECENT = 8
+"""How many compiled kernels a process keeps, most recently used first, when no kernel uses them."""
+
+MAX_ENTRY_BYTES = 256 << 20
+"""The largest disk cache entry read (256 MiB); a larger file is a miss. Kernels' objects are far smaller."""
+
+_MAGIC = b"MEMKERNEL-CACHE-2\n"
+_TAG_SIZE = hashlib.sha256().digest_size
 _HEADER_SIZE = struct.Struct("<Q")
-_memory: dict[str, Any] = {}
-_memory_lock = threading.Lock()
+_SECRET_NAME = "hmac.key"
+_SECRET_SIZE = 32
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def _version(distribution: str) -> str:
@@ -76,16 +103,69 @@ class CacheKey:
         return cls(json.loads(text), hashlib.sha256(text.encode()).hexdigest())
 
 
+# -- in the process ----------------------------------------------------------------------
+
+
+class ProcessCache:
+    """This process's compiled kernels by key digest.
+
+    A compiled kernel stays findable while anything holds it (weakly
+    referenced: kernels alive share one copy of the code), and the
+    ``keep_recent`` most recently used ones are also held here. The code of any
+    other is freed with its last holder.
+    """
+
+    def __init__(self, keep_recent: int = KEEP_RECENT) -> None:
+        self._keep_recent = keep_recent
+        self._recent: OrderedDict[str, Any] = OrderedDict()
+        self._alive: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+        self._lock = threading.Lock()
+
+    def get(self, digest: str) -> Any:
+        """The compiled kernel kept for ``digest``, or None; it becomes the most recently used."""
+        with self._lock:
+            compiled = self._alive.get(digest)
+            if compiled is not None:
+                self._hold(digest, compiled)
+            return compiled
+
+    def setdefault(self, digest: str, compiled: Any) -> Any:
+        """Keep ``compiled`` for ``digest``; returns the one kept (another thread's, if it was first)."""
+        with self._lock:
+            kept = self._alive.setdefault(digest, compiled)
+            self._hold(digest, kept)
+            return kept
+
+    def clear(self) -> None:
+        """Forget every compiled kernel, as a new process would (those still in use stay alive)."""
+        with self._lock:
+            self._recent.clear()
+            self._alive.clear()
+
+    def __len__(self) -> int:
+        return len(self._alive)
+
+    def _hold(self, digest: str, compiled: Any) -> None:
+        self._recent[digest] = compiled
+        self._recent.move_to_end(digest)
+        while len(self._recent) > self._keep_recent:
+            self._recent.popitem(last=False)
+
+
+_memory = ProcessCache()
+
+
 def remembered(key: CacheKey) -> Any:
-    """The compiled kernel this process already made for ``key``, or None."""
-    with _memory_lock:
-        return _memory.get(key.digest)
+    """The compiled kernel this process already has for ``key``, or None."""
+    return _memory.get(key.digest)
 
 
 def remember(key: CacheKey, compiled: Any) -> Any:
     """Keep ``compiled`` for ``key``; returns the one kept (another thread's, if it was first)."""
-    with _memory_lock:
-        return _memory.setdefault(key.digest, compiled)
+    return _memory.setdefault(key.digest, compiled)
+
+
+# -- on disk -----------------------------------------------------------------------------
 
 
 def directory() -> Path | None:
@@ -108,58 +188,220 @@ class Entry:
     may_print: bool
 
 
-def _path(folder: Path, key: CacheKey) -> Path:
-    return folder / f"{key.digest}.mkc"
+_warned: set[str] = set()
+_secrets: dict[tuple[int, int], bytes] = {}
+_secrets_lock = threading.Lock()
 
 
-def load(key: CacheKey) -> Entry | None:
-    """The entry for ``key`` if a valid one is on disk, else None."""
-    folder = directory()
-    if folder is None:
-        return None
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+
+
+def _refuse(path: Path, problem: str) -> None:
+    _warn_once(
+        f"memkernel does not use its disk cache in {path}: {problem}. Whoever can write that folder "
+        "could make this process run their code, so compiled kernels are not kept across processes. "
+        "Set MEMKERNEL_CACHE_DIR to a folder only you own and can write (memkernel creates a missing "
+        "one with mode 0700), or MEMKERNEL_CACHE_DIR= to switch the disk cache off.")
+
+
+def _untrusted(status: os.stat_result, what: str) -> str | None:
+    """Why a folder or file with ``status`` could have been written by another account, or None."""
+    if status.st_uid != os.geteuid():
+        return f"{what} belongs to uid {status.st_uid}, not to you (uid {os.geteuid()})"
+    if status.st_mode & 0o022:
+        return f"{what} may be written by its group or by others (mode {stat.filemode(status.st_mode)})"
+    return None
+
+
+def _read_regular(name: str, folder: int, limit: int) -> bytes | None:
+    """The bytes of regular file ``name`` in ``folder`` if it has at most ``limit``; None for anything else.
+
+    Never follows a symbolic link and never blocks (on a FIFO, a device).
+    """
     try:
-        data = _path(folder, key).read_bytes()
+        handle = os.open(name, _READ_FLAGS, dir_fd=folder)
     except OSError:
         return None
-    if not data.startswith(_MAGIC) or len(data) < len(_MAGIC) + _HEADER_SIZE.size:
-        return None
-    (header_size,) = _HEADER_SIZE.unpack_from(data, len(_MAGIC))
-    start = len(_MAGIC) + _HEADER_SIZE.size
     try:
-        header = json.loads(data[start:start + header_size])
+        status = os.fstat(handle)
+        if not stat.S_ISREG(status.st_mode) or status.st_size > limit:
+            return None
+        data = os.read(handle, status.st_size)
+        return data if len(data) == status.st_size else None
+    except OSError:
+        return None
+    finally:
+        os.close(handle)
+
+
+def _write_new(folder: int, data: bytes) -> str:
+    """A new file of ``data`` in ``folder``, private to the user; returns its name."""
+    name = f".tmp-{secrets.token_hex(8)}"
+    handle = os.open(name, _CREATE_FLAGS, 0o600, dir_fd=folder)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+    except BaseException:
+        os.unlink(name, dir_fd=folder)
+        raise
+    return name
+
+
+@dataclass(frozen=True)
+class _Folder:
+    """An open cache folder that only this user can write, and its secret."""
+
+    path: Path
+    handle: int
+    secret: bytes
+
+    def load(self, key: CacheKey) -> Entry | None:
+        """The entry for ``key`` if a valid one is on disk, else None."""
+        data = _read_regular(f"{key.digest}.mkc", self.handle, MAX_ENTRY_BYTES)
+        return _decode(data, key, self.secret) if data is not None else None
+
+    def store(self, key: CacheKey, entry: Entry) -> None:
+        """Write ``entry`` atomically; a folder that cannot be written only warns."""
+        header = json.dumps({"key": key.fields, "libraries": list(entry.libraries), "fast": entry.fast,
+                             "may_print": entry.may_print}).encode()
+        body = _HEADER_SIZE.pack(len(header)) + header + entry.code
+        try:
+            written = _write_new(self.handle, _MAGIC + _tag(self.secret, key, body) + body)
+            try:
+                os.replace(written, f"{key.digest}.mkc", src_dir_fd=self.handle, dst_dir_fd=self.handle)
+            except BaseException:
+                os.unlink(written, dir_fd=self.handle)
+                raise
+        except OSError as exc:
+            _warn_once(f"memkernel could not write its disk cache in {self.path}: {exc}")
+
+
+def _tag(secret: bytes, key: CacheKey, body: bytes | memoryview) -> bytes:
+    mac = hmac.new(secret, _MAGIC + key.digest.encode(), hashlib.sha256)
+    mac.update(body)
+    return mac.digest()
+
+
+def _decode(data: bytes, key: CacheKey, secret: bytes) -> Entry | None:
+    start = len(_MAGIC) + _TAG_SIZE
+    if not data.startswith(_MAGIC) or len(data) < start + _HEADER_SIZE.size:
+        return None
+    body = memoryview(data)[start:]
+    if not hmac.compare_digest(data[len(_MAGIC):start], _tag(secret, key, body)):
+        return None
+    (header_size,) = _HEADER_SIZE.unpack_from(body)
+    try:
+        header = json.loads(bytes(body[_HEADER_SIZE.size:_HEADER_SIZE.size + header_size]))
     except ValueError:
         return None
-    code = data[start + header_size:]
-    if (not isinstance(header, dict) or header.get("key") != key.fields
-            or header.get("sha256") != hashlib.sha256(code).hexdigest()):
+    if not isinstance(header, dict) or header.get("key") != key.fields:
         return None
     libraries = tuple(header.get("libraries", ()))
     if not all(isinstance(path, str) and os.path.isfile(path) for path in libraries):
         return None
+    code = bytes(body[_HEADER_SIZE.size + header_size:])
     return Entry(code, libraries, bool(header.get("fast")), bool(header.get("may_print", True)))
 
 
-def store(key: CacheKey, entry: Entry) -> None:
-    """Write ``entry`` atomically; a folder that cannot be written only warns."""
-    folder = directory()
-    if folder is None:
-        return
-    header = json.dumps({"key": key.fields, "sha256": hashlib.sha256(entry.code).hexdigest(),
-                         "libraries": list(entry.libraries), "fast": entry.fast,
-                         "may_print": entry.may_print}).encode()
+def _secret(path: Path, folder: int, status: os.stat_result) -> bytes | None:
+    """The folder's secret: read once per process, made if the folder has none; None if unusable."""
+    identity = (status.st_dev, status.st_ino)
+    with _secrets_lock:
+        if identity not in _secrets:
+            secret = _read_secret(path, folder)
+            if secret is None:
+                return None
+            _secrets[identity] = secret
+        return _secrets[identity]
+
+
+def _read_secret(path: Path, folder: int) -> bytes | None:
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".mkc")
-        try:
-            with os.fdopen(handle, "wb") as out:
-                out.write(_MAGIC + _HEADER_SIZE.pack(len(header)) + header + entry.code)
-            os.replace(temporary, _path(folder, key))
-        except BaseException:
-            os.unlink(temporary)
-            raise
+        handle = os.open(_SECRET_NAME, _READ_FLAGS, dir_fd=folder)
+    except FileNotFoundError:
+        return _make_secret(path, folder)
     except OSError as exc:
-        warnings.warn(f"memkernel could not write its disk cache in {folder}: {exc}", RuntimeWarning,
-                      stacklevel=2)
+        _refuse(path, f"its key file {_SECRET_NAME} cannot be opened ({exc})")
+        return None
+    try:
+        status = os.fstat(handle)
+        problem = _untrusted(status, f"its key file {_SECRET_NAME}")
+        if problem is None and (not stat.S_ISREG(status.st_mode) or status.st_mode & 0o077
+                                or status.st_size != _SECRET_SIZE):
+            problem = (f"its key file {_SECRET_NAME} is not a private ({stat.filemode(status.st_mode)}) "
+                       f"file of {_SECRET_SIZE} bytes; delete it and memkernel makes a new one")
+        secret = os.read(handle, _SECRET_SIZE) if problem is None else b""
+    finally:
+        os.close(handle)
+    if problem is not None:
+        _refuse(path, problem)
+        return None
+    return secret
+
+
+def _make_secret(path: Path, folder: int) -> bytes | None:
+    """A new secret linked into place, or the one another process linked first."""
+    try:
+        written = _write_new(folder, secrets.token_bytes(_SECRET_SIZE))
+        try:
+            os.link(written, _SECRET_NAME, src_dir_fd=folder, dst_dir_fd=folder, follow_symlinks=False)
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(written, dir_fd=folder)
+    except OSError as exc:
+        _warn_once(f"memkernel could not write its disk cache in {path}: {exc}")
+        return None
+    return _read_secret(path, folder)
+
+
+def _open_folder(path: Path) -> tuple[int, os.stat_result] | None:
+    """The folder opened (made private if missing) and its status, or None with a warning if it
+    cannot be used."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        handle = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        _warn_once(f"memkernel could not write its disk cache in {path}: {exc}")
+        return None
+    status = os.fstat(handle)
+    problem = _untrusted(status, "the folder")
+    if problem is not None:
+        os.close(handle)
+        _refuse(path, problem)
+        return None
+    return handle, status
+
+
+@contextmanager
+def disk_cache() -> Iterator[_Folder | None]:
+    """The disk cache folder, open and checked; None when it is switched off or refused."""
+    path = directory()
+    opened = _open_folder(path) if path is not None else None
+    if path is None or opened is None:
+        yield None
+        return
+    handle, status = opened
+    try:
+        secret = _secret(path, handle, status)
+        yield _Folder(path, handle, secret) if secret is not None else None
+    finally:
+        os.close(handle)
+
+
+def _from_disk_or_compiled(key: CacheKey, compile_now: Callable[[bool], tuple[Compiled, Entry | None]],
+                           load_entry: Callable[[Entry], Compiled | None]) -> Compiled:
+    with disk_cache() as folder:
+        entry = folder.load(key) if folder is not None else None
+        compiled = load_entry(entry) if entry is not None else None
+        if compiled is None:
+            compiled, entry = compile_now(folder is not None)
+            if folder is not None and entry is not None:
+                folder.store(key, entry)
+    return compiled
 
 
 def get_or_compile(key: CacheKey | None, compile_now: Callable[[bool], tuple[Compiled, Entry | None]],
@@ -174,12 +416,6 @@ def get_or_compile(key: CacheKey | None, compile_now: Callable[[bool], tuple[Com
     if key is None:
         return compile_now(False)[0]
     compiled = remembered(key)
-    if compiled is not None:
-        return compiled
-    entry = load(key)
-    compiled = load_entry(entry) if entry is not None else None
     if compiled is None:
-        compiled, entry = compile_now(directory() is not None)
-        if entry is not None:
-            store(key, entry)
+        compiled = _from_disk_or_compiled(key, compile_now, load_entry)
     return remember(key, compiled)

@@ -1,12 +1,18 @@
-"""Compile caches: once per process, and across processes through the disk cache."""
+"""Compile caches: once per process, and across processes through a disk cache no one else can forge."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import stat
 import subprocess
 import sys
 import textwrap
+import threading
+import tracemalloc
 import uuid
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -49,9 +55,30 @@ def compilations(monkeypatch):
 
 
 @pytest.fixture
+def loads(monkeypatch):
+    """Counts the disk cache entries handed to LLVM's object loader."""
+    calls = []
+    real = memkernel.kernel.load_function
+
+    def counting(entry, name, fast):
+        calls.append(name)
+        return real(entry, name, fast)
+
+    monkeypatch.setattr(memkernel.kernel, "load_function", counting)
+    return calls
+
+
+@pytest.fixture
 def fresh_process_memory(monkeypatch):
-    """Forget this process's compiled kernels, as a new process would."""
-    monkeypatch.setattr(memkernel.compile.cache, "_memory", {})
+    """Forget this process's compiled kernels and cache secrets, as a new process would."""
+    monkeypatch.setattr(memkernel.compile.cache, "_memory", memkernel.compile.cache.ProcessCache())
+    monkeypatch.setattr(memkernel.compile.cache, "_secrets", {})
+
+
+def new_process() -> None:
+    """Forget, as a new process would, what the process cache and the secrets cache hold."""
+    memkernel.compile.cache._memory.clear()
+    memkernel.compile.cache._secrets.clear()
 
 
 def decorate(source: str, name: str, **options):
@@ -64,7 +91,8 @@ def check(kernel) -> None:
 
 
 def entries(folder) -> list[str]:
-    return sorted(os.listdir(folder)) if folder.exists() else []
+    """The names of the disk cache entries in ``folder``."""
+    return sorted(name for name in os.listdir(folder) if name.endswith(".mkc")) if folder.exists() else []
 
 
 def test_redecorating_the_same_kernel_compiles_once(cache_dir, compilations):
@@ -77,7 +105,7 @@ def test_redecorating_the_same_kernel_compiles_once(cache_dir, compilations):
 def test_a_new_process_loads_the_kernel_from_disk(cache_dir, compilations, fresh_process_memory):
     source, name = unique_source()
     check(decorate(source, name))
-    memkernel.compile.cache._memory.clear()
+    new_process()
     check(decorate(source, name))
     assert compilations == [name]
     assert len(entries(cache_dir)) == 1
@@ -100,7 +128,7 @@ def test_any_option_change_is_a_miss(change, cache_dir, compilations, fresh_proc
 def test_another_host_or_version_is_a_miss(cache_dir, compilations, fresh_process_memory, monkeypatch):
     source, name = unique_source()
     check(decorate(source, name))
-    memkernel.compile.cache._memory.clear()
+    new_process()
     environment = memkernel.compile.cache._environment()
     monkeypatch.setattr(memkernel.compile.cache, "_environment", lambda: {**environment, "host": "other-cpu;+avx"})
     check(decorate(source, name))
@@ -137,10 +165,10 @@ def test_a_corrupt_entry_is_ignored_and_rebuilt(corrupt, cache_dir, compilations
     check(decorate(source, name))
     (entry,) = entries(cache_dir)
     corrupt(cache_dir / entry)
-    memkernel.compile.cache._memory.clear()
+    new_process()
     check(decorate(source, name))
     assert compilations == [name, name]
-    memkernel.compile.cache._memory.clear()
+    new_process()
     check(decorate(source, name))  # the rebuilt entry loads
     assert compilations == [name, name]
 
@@ -153,9 +181,297 @@ def test_a_foreign_entry_under_the_kernels_name_is_ignored(cache_dir, compilatio
     check(decorate(source_b, name_b))
     (entry_b,) = [e for e in entries(cache_dir) if e != entry_a]
     os.replace(cache_dir / entry_a, cache_dir / entry_b)
-    memkernel.compile.cache._memory.clear()
+    new_process()
     check(decorate(source_b, name_b))
     assert compilations == [name_a, name_b, name_b]
+
+
+def same_name_pair() -> tuple[str, str, str]:
+    """Two sources of one function name, one adding and one multiplying, and that name."""
+    source, name = unique_source()
+    return source, source.replace("arith.addf", "arith.mulf"), name
+
+
+def test_another_kernels_entry_of_the_same_name_is_rebuilt_not_run(cache_dir, compilations, loads,
+                                                                     fresh_process_memory):
+    adding, multiplying, name = same_name_pair()
+    check(decorate(adding, name))
+    (entry_add,) = entries(cache_dir)
+    decorate(multiplying, name)(np.ones(2), np.ones(2))
+    (entry_mul,) = [e for e in entries(cache_dir) if e != entry_add]
+    os.replace(cache_dir / entry_add, cache_dir / entry_mul)
+    new_process()
+    a, b = np.arange(5.0), np.full(5, 0.5)
+    np.testing.assert_array_equal(decorate(multiplying, name)(a, b), a * b)
+    assert compilations == [name, name, name] and loads == []
+
+
+MAGIC = b"MEMKERNEL-CACHE-2\n"
+
+
+def split_entry(data: bytes) -> tuple[dict, bytes]:
+    """The header and the object code of a disk cache entry (magic line, 32-byte tag, size, header, code)."""
+    assert data.startswith(MAGIC)
+    body = data[len(MAGIC) + 32:]
+    size = int.from_bytes(body[:8], "little")
+    return json.loads(body[8:8 + size]), body[8 + size:]
+
+
+def forge(header: dict, code: bytes, tag_key: bytes | None) -> bytes:
+    """An entry as someone without the folder's secret writes it: the tag is a plain SHA-256 of what
+    follows it, or an HMAC under ``tag_key``."""
+    encoded = json.dumps(header).encode()
+    body = len(encoded).to_bytes(8, "little") + encoded + code
+    if tag_key is None:
+        return MAGIC + hashlib.sha256(body).digest() + body
+    import hmac
+    return MAGIC + hmac.new(tag_key, body, hashlib.sha256).digest() + body
+
+
+def flip_code_byte(header: dict, code: bytes) -> tuple[dict, bytes]:
+    code = bytearray(code)
+    code[len(code) // 2] ^= 0xFF
+    return header, bytes(code)
+
+
+def drop_the_fast_path(header: dict, code: bytes) -> tuple[dict, bytes]:
+    return {**header, "fast": not header["fast"]}, code
+
+
+def link_another_library(header: dict, code: bytes) -> tuple[dict, bytes]:
+    return {**header, "libraries": [*header["libraries"], sys.executable]}, code
+
+
+def truncate_the_code(header: dict, code: bytes) -> tuple[dict, bytes]:
+    return header, code[:len(code) // 3]
+
+
+@pytest.mark.parametrize("tag_key", [None, b"", b"guessed-secret"], ids=["sha256", "empty-key", "guessed-key"])
+@pytest.mark.parametrize("edit", [flip_code_byte, drop_the_fast_path, link_another_library, truncate_the_code])
+def test_an_edited_entry_with_a_recomputed_tag_is_rebuilt_never_loaded(edit, tag_key, cache_dir, compilations,
+                                                                        loads, fresh_process_memory):
+    source, name = unique_source()
+    check(decorate(source, name))
+    (entry,) = entries(cache_dir)
+    header, code = split_entry((cache_dir / entry).read_bytes())
+    (cache_dir / entry).write_bytes(forge(*edit(header, code), tag_key))
+    new_process()
+    check(decorate(source, name))
+    assert compilations == [name, name] and loads == []
+    new_process()
+    check(decorate(source, name))  # the rebuilt entry loads
+    assert compilations == [name, name] and loads == [name]
+
+
+def test_another_kernels_entry_relabelled_with_this_key_is_rebuilt(cache_dir, compilations, loads,
+                                                                    fresh_process_memory):
+    adding, multiplying, name = same_name_pair()
+    check(decorate(adding, name))
+    (entry_add,) = entries(cache_dir)
+    decorate(multiplying, name)(np.ones(2), np.ones(2))
+    (entry_mul,) = [e for e in entries(cache_dir) if e != entry_add]
+    header_mul, _ = split_entry((cache_dir / entry_mul).read_bytes())
+    header_add, code_add = split_entry((cache_dir / entry_add).read_bytes())
+    (cache_dir / entry_mul).write_bytes(forge({**header_add, "key": header_mul["key"]}, code_add, None))
+    new_process()
+    a, b = np.arange(5.0), np.full(5, 0.5)
+    np.testing.assert_array_equal(decorate(multiplying, name)(a, b), a * b)
+    assert compilations == [name, name, name] and loads == []
+
+
+def test_an_entry_made_under_another_secret_is_rebuilt(cache_dir, compilations, loads, fresh_process_memory):
+    source, name = unique_source()
+    check(decorate(source, name))
+    secret = cache_dir / "hmac.key"
+    secret.write_bytes(bytes(32))
+    new_process()
+    check(decorate(source, name))
+    assert compilations == [name, name] and loads == []
+
+
+def test_an_entry_copied_from_another_cache_folder_is_rebuilt(tmp_path, monkeypatch, compilations, loads,
+                                                              fresh_process_memory):
+    source, name = unique_source()
+    elsewhere, here = tmp_path / "elsewhere", tmp_path / "here"
+    monkeypatch.setenv("MEMKERNEL_CACHE_DIR", str(here))
+    check(decorate(source, name, opt_level=1))  # makes this folder's secret
+    monkeypatch.setenv("MEMKERNEL_CACHE_DIR", str(elsewhere))
+    new_process()
+    check(decorate(source, name))
+    (entry,) = entries(elsewhere)
+    (here / entry).write_bytes((elsewhere / entry).read_bytes())
+    monkeypatch.setenv("MEMKERNEL_CACHE_DIR", str(here))
+    new_process()
+    check(decorate(source, name))
+    assert compilations == [name, name, name] and loads == []
+
+
+def decorate_within(seconds: float, source: str, name: str, release) -> None:
+    """Decorate and check the kernel on a thread; fail (after calling ``release``) if it takes longer."""
+    failures: list[BaseException] = []
+
+    def run():
+        try:
+            check(decorate(source, name))
+        except BaseException as exc:
+            failures.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        release()
+        thread.join(seconds)
+        pytest.fail(f"decorating took more than {seconds} s: the cache blocked on its entry")
+    if failures:
+        raise failures[0]
+
+
+def test_a_fifo_in_place_of_an_entry_is_replaced_without_blocking(cache_dir, compilations, fresh_process_memory):
+    source, name = unique_source()
+    check(decorate(source, name))
+    (entry,) = entries(cache_dir)
+    path = cache_dir / entry
+    path.unlink()
+    os.mkfifo(path)
+    new_process()
+
+    def open_the_fifo_for_writing():
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+
+    decorate_within(60, source, name, open_the_fifo_for_writing)
+    assert compilations == [name, name]
+    assert stat.S_ISREG(os.lstat(path).st_mode)
+
+
+def test_a_link_to_dev_zero_in_place_of_an_entry_is_replaced_unread(cache_dir, compilations,
+                                                                     fresh_process_memory):
+    source, name = unique_source()
+    check(decorate(source, name))
+    (entry,) = entries(cache_dir)
+    path = cache_dir / entry
+    path.unlink()
+    path.symlink_to("/dev/zero")
+    new_process()
+    decorate_within(60, source, name, lambda: None)
+    assert compilations == [name, name]
+    assert stat.S_ISREG(os.lstat(path).st_mode)
+
+
+def test_a_link_to_a_valid_entry_is_not_followed(cache_dir, tmp_path, compilations, loads, fresh_process_memory):
+    source, name = unique_source()
+    check(decorate(source, name))
+    (entry,) = entries(cache_dir)
+    path = cache_dir / entry
+    moved = tmp_path / "moved.mkc"
+    os.replace(path, moved)
+    path.symlink_to(moved)
+    new_process()
+    check(decorate(source, name))
+    assert compilations == [name, name] and loads == []
+
+
+def test_an_entry_larger_than_the_limit_is_rebuilt_unread(cache_dir, compilations, fresh_process_memory):
+    source, name = unique_source()
+    check(decorate(source, name))
+    (entry,) = entries(cache_dir)
+    with open(cache_dir / entry, "r+b") as huge:
+        huge.truncate(memkernel.compile.cache.MAX_ENTRY_BYTES + 1)  # sparse: no disk used
+    new_process()
+    tracemalloc.start()
+    try:
+        check(decorate(source, name))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert compilations == [name, name]
+    assert peak < 64 << 20, f"decorating allocated {peak >> 20} MiB: the oversized entry was read"
+
+
+def test_a_valid_entry_over_the_size_limit_is_not_loaded(cache_dir, compilations, loads, fresh_process_memory,
+                                                         monkeypatch):
+    source, name = unique_source()
+    check(decorate(source, name))
+    (entry,) = entries(cache_dir)
+    monkeypatch.setattr(memkernel.compile.cache, "MAX_ENTRY_BYTES", (cache_dir / entry).stat().st_size - 1)
+    new_process()
+    check(decorate(source, name))
+    assert compilations == [name, name] and loads == []
+
+
+def test_the_folder_key_and_entries_are_private_to_the_user(tmp_path, monkeypatch, fresh_process_memory):
+    monkeypatch.setenv("MEMKERNEL_CACHE_DIR", str(tmp_path / "new" / "cache"))
+    old = os.umask(0)  # the most permissive umask: the modes must not depend on it
+    try:
+        check(decorate(*unique_source()))
+    finally:
+        os.umask(old)
+    folder = tmp_path / "new" / "cache"
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    for name in os.listdir(folder):
+        assert stat.S_IMODE((folder / name).stat().st_mode) == 0o600, name
+
+
+def refused(folder, source: str, name: str, compilations) -> str:
+    """Decorate twice from ``folder``; the warnings' messages. Checks the kernel runs and nothing is written."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check(decorate(source, name))
+        new_process()
+        check(decorate(source, name))
+    assert compilations == [name, name]
+    assert entries(folder) == []
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(messages) == 1, messages  # warned once
+    return messages[0]
+
+
+def test_a_folder_others_can_write_is_refused(tmp_path, monkeypatch, compilations, fresh_process_memory):
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    folder.chmod(0o777)
+    monkeypatch.setenv("MEMKERNEL_CACHE_DIR", str(folder))
+    source, name = unique_source()
+    message = refused(folder, source, name, compilations)
+    assert message.startswith(f"memkernel does not use its disk cache in {folder}: the folder may be written by "
+                              "its group or by others (mode drwxrwxrwx).")
+    assert "Set MEMKERNEL_CACHE_DIR to a folder only you own and can write" in message
+    assert os.listdir(folder) == []
+
+
+def test_a_group_writable_folder_is_refused(tmp_path, monkeypatch, compilations, fresh_process_memory):
+    folder = tmp_path / "team"
+    folder.mkdir()
+    folder.chmod(0o770)
+    monkeypatch.setenv("MEMKERNEL_CACHE_DIR", str(folder))
+    source, name = unique_source()
+    assert "(mode drwxrwx---)" in refused(folder, source, name, compilations)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user needs root")
+def test_a_folder_another_user_owns_is_refused(tmp_path, monkeypatch, compilations, fresh_process_memory):
+    folder = tmp_path / "theirs"
+    folder.mkdir(mode=0o700)
+    os.chown(folder, 12345, 12345)
+    monkeypatch.setenv("MEMKERNEL_CACHE_DIR", str(folder))
+    source, name = unique_source()
+    message = refused(folder, source, name, compilations)
+    assert f"the folder belongs to uid 12345, not to you (uid {os.geteuid()})" in message
+
+
+@pytest.mark.parametrize("spoil", [
+    lambda key: key.chmod(0o644),
+    lambda key: key.write_bytes(bytes(16)),
+    lambda key: (key.unlink(), key.symlink_to("/dev/zero")),
+], ids=["readable-by-others", "wrong-size", "symlink"])
+def test_a_key_file_that_is_not_private_is_refused(spoil, cache_dir, compilations, loads, fresh_process_memory):
+    source, name = unique_source()
+    check(decorate(source, name))
+    spoil(cache_dir / "hmac.key")
+    new_process()
+    with pytest.warns(RuntimeWarning, match=f"does not use its disk cache in {cache_dir}: its key file hmac.key"):
+        check(decorate(source, name))
+    assert compilations == [name, name] and loads == []
 
 
 def test_cache_false_compiles_every_time_and_writes_nothing(cache_dir, compilations):
@@ -171,7 +487,7 @@ def test_empty_cache_dir_switches_the_disk_cache_off(monkeypatch, tmp_path, comp
     monkeypatch.chdir(tmp_path)
     source, name = unique_source()
     check(decorate(source, name))
-    memkernel.compile.cache._memory.clear()
+    new_process()
     check(decorate(source, name))
     assert compilations == [name, name]
     assert os.listdir(tmp_path) == []
