@@ -9,6 +9,11 @@ to the ops they know, sized for the host's vector width:
   tiled for the caches and for registers, peeled so the main tiles are static,
   vectorized to broadcast-and-FMA outer products with the C block held in
   registers (see ``transforms/matmul.mlir``);
+- ``linalg.conv_2d_nhwc_hwcf``, ``linalg.conv_1d_nwc_wcf`` and
+  ``linalg.depthwise_conv_2d_nhwc_hwc`` on f32/f64 memrefs: tiled so that each tile is a
+  small matmul (an elementwise multiply-add for the depthwise one) of output columns by
+  input and output channels, vectorized like the matmul with the output block in
+  registers (see ``transforms/convolution.mlir``);
 - 1-d reductions to a scalar on f32/f64 tensors (``linalg.reduce``, and
   ``linalg.generic`` with one reduction iterator): split into vector-wide
   partial results carried across the loop, vectorized with masks for the tail
@@ -73,6 +78,78 @@ def _matmul_parameters(module: ir.Module) -> dict[str, str] | None:
     return {"cache_tiles": f"64, {cache_n}, 128", "register_tiles": f"8, {2 * lanes}, 8"}
 
 
+_WINDOW = ("kh", "kw", "c")
+
+
+@dataclass(frozen=True)
+class _Convolution:
+    """A convolution op's loops, for ``transforms/convolution.mlir``.
+
+    ``dims`` names its loops in linalg's order: batch ``n``, output rows ``oh`` and columns
+    ``ow``, output channels ``f``, filter rows ``kh`` and columns ``kw``, input channels
+    ``c``. The strategy tiles the others first (the "outer" loops), then the window ones
+    (``kh``, ``kw``, ``c``); ``column_loop`` and ``feature_loop`` index the outer loops of
+    ``ow`` and ``f``, ``channel_loop`` the window loop of ``c``, the three it peels.
+    """
+
+    dims: tuple[str, ...]
+    column_loop: int
+    feature_loop: int
+    channel_loop: int
+
+    def parameters(self, op: str, sizes: dict[str, int]) -> dict[str, str]:
+        """The script's parameters for tile ``sizes`` by loop name (the loops not named: 1)."""
+        outer = [d for d in self.dims if d not in _WINDOW]
+        window = [d for d in self.dims if d in _WINDOW]
+
+        def tiles(chosen: list[str]) -> str:
+            return ", ".join(str(sizes.get(d, 1)) if d in chosen else "0" for d in self.dims)
+
+        return {
+            "op": op,
+            "outer_tiles": tiles(outer),
+            "window_tiles": tiles(window),
+            "outer_count": str(len(outer)),
+            "window_count": str(len(window)),
+            "outer_types": ", !transform.any_op" * len(outer),
+            "window_types": ", !transform.any_op" * len(window),
+            "column_loop": str(self.column_loop),
+            "feature_loop": str(self.feature_loop),
+            "channel_loop": str(self.channel_loop),
+        }
+
+
+CONVOLUTIONS = {
+    "linalg.conv_2d_nhwc_hwcf": _Convolution(("n", "oh", "ow", "f", "kh", "kw", "c"), 2, 3, 2),
+    "linalg.conv_1d_nwc_wcf": _Convolution(("n", "ow", "f", "kw", "c"), 1, 2, 1),
+    # No input-channel loop: a depthwise convolution's channels are its "f". Its window
+    # loop kw, of step 1, stands in for the channel loop and has nothing to peel.
+    "linalg.depthwise_conv_2d_nhwc_hwc": _Convolution(("n", "oh", "ow", "f", "kh", "kw"), 2, 3, 1),
+}
+"""The convolutions the fast preset's convolution strategy knows, by op name."""
+
+# The register block of the convolution strategy: 6 output columns by 4 host vectors of
+# output channels (24 of AVX-512's 32 registers hold it), 4 input channels per step.
+_CONV_COLUMNS = 6
+_CONV_FEATURE_VECTORS = 4
+_CONV_CHANNELS = 4
+
+
+def _convolution_parameters(op: str) -> Callable[[ir.Module], dict[str, str] | None]:
+    """The parameters of the convolution strategy for the ``op`` convolutions of a module."""
+
+    def parameters(module: ir.Module) -> dict[str, str] | None:
+        convolutions = _ops(module, op)
+        types = {_element(v) for conv in convolutions for v in conv.operands}
+        if not convolutions or not types <= set(_FLOATS) or len(types) != 1:
+            return None
+        lanes = host_vector_bits() // (64 if types == {"f64"} else 32)
+        sizes = {"ow": _CONV_COLUMNS, "f": _CONV_FEATURE_VECTORS * lanes, "c": _CONV_CHANNELS}
+        return CONVOLUTIONS[op].parameters(op, sizes)
+
+    return parameters
+
+
 _REDUCTION_ONLY = "[#linalg.iterator_type<reduction>]"
 
 
@@ -127,6 +204,7 @@ PRESETS: dict[str, tuple[Strategy, ...]] = {
     "fast": (
         Strategy("reduction.mlir", True, _reduction_parameters),
         Strategy("matmul.mlir", False, _matmul_parameters),
+        *(Strategy("convolution.mlir", False, _convolution_parameters(op)) for op in CONVOLUTIONS),
     ),
 }
 

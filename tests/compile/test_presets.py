@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import threading
 
 import numpy as np
@@ -12,7 +14,7 @@ from hypothesis import strategies as st
 
 import memkernel.compile.pipeline
 from memkernel import CompileError, mlir_kernel
-from memkernel.compile.presets import PRESETS, Strategy
+from memkernel.compile.presets import CONVOLUTIONS, PRESETS, Strategy
 from memkernel.spec.source import parse_source
 
 from ..kernels import elementwise
@@ -147,6 +149,139 @@ def test_fast_convolution_matches_numpy():
     windows = np.lib.stride_tricks.sliding_window_view(x, (3, 3), axis=(1, 2))  # n, oh, ow, c, kh, kw
     expected = np.einsum("nhwcij,ijcf->nhwf", windows, w)
     np.testing.assert_array_equal(kernel(x, w), expected)
+
+
+CONVOLUTION = """func.func @conv(%x: {X}, %w: {W}, %y: {Y}) {{
+  linalg.{op} {{dilations = dense<{d}> : tensor<{r}xi64>, strides = dense<{s}> : tensor<{r}xi64>}}
+      ins(%x, %w : {X}, {W}) outs(%y : {Y})
+  return
+}}"""
+# Each convolution's input and filter layouts, as einsum subscripts with its output's.
+CONVOLUTION_EINSUM = {
+    "conv_2d_nhwc_hwcf": "nhwc,cf->nhwf",
+    "conv_1d_nwc_wcf": "nwc,cf->nwf",
+    "depthwise_conv_2d_nhwc_hwc": "nhwc,c->nhwc",
+}
+
+
+def convolution_reference(op: str, x: np.ndarray, w: np.ndarray, stride: int, dilation: int) -> np.ndarray:
+    """The convolution as a sum over the filter window of strided input slices times filter taps."""
+    window = w.shape[:x.ndim - 2]
+    out = [(size - dilation * (k - 1) - 1) // stride + 1 for size, k in zip(x.shape[1:-1], window)]
+    total = None
+    for tap in np.ndindex(*window):
+        part = x[(slice(None), *(slice(dilation * t, dilation * t + stride * (o - 1) + 1, stride)
+                                 for t, o in zip(tap, out)))]
+        term = np.einsum(CONVOLUTION_EINSUM[op], part, w[tap])
+        total = term if total is None else total + term
+    return total
+
+
+def convolution_shapes(op: str, n: int, spatial: tuple[int, ...], window: tuple[int, ...], c: int, f: int,
+                       stride: int, dilation: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """The input, filter and output shapes; the output extents may be 0 or less when the window does not fit."""
+    out = tuple((size - dilation * (k - 1) - 1) // stride + 1 for size, k in zip(spatial, window))
+    if op == "depthwise_conv_2d_nhwc_hwc":
+        return (n, *spatial, c), (*window, c), (n, *out, c)
+    return (n, *spatial, c), (*window, c, f), (n, *out, f)
+
+
+def convolution_source(op: str, t: str, shapes=None, stride: int = 1, dilation: int = 1) -> str:
+    """The kernel of ``op`` on static memrefs of ``shapes``, or on dynamic ones without them."""
+    rank = 1 if op == "conv_1d_nwc_wcf" else 2
+    filter_rank = rank + (1 if op == "depthwise_conv_2d_nhwc_hwc" else 2)
+    if shapes:
+        x, w, y = (f"memref<{'x'.join(map(str, shape))}x{t}>" for shape in shapes)
+    else:
+        x = y = f"memref<{'?x' * (rank + 2)}{t}>"
+        w = f"memref<{'?x' * filter_rank}{t}>"
+    return CONVOLUTION.format(op=op, X=x, W=w, Y=y, r=rank, s=stride, d=dilation)
+
+
+def convolution_kernel(op: str, t: str, shapes=None, stride: int = 1, dilation: int = 1):
+    return mlir_kernel(convolution_source(op, t, shapes, stride, dilation), pipeline="fast")(lambda x, w: None)
+
+
+@functools.cache
+def dynamic_convolution(op: str, t: str, stride: int, dilation: int):
+    return convolution_kernel(op, t, stride=stride, dilation=dilation)
+
+
+def check_convolution(kernel, op: str, shapes, dtype, stride: int = 1, dilation: int = 1, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    x, w = (rng.integers(-3, 4, shape).astype(dtype) for shape in shapes[:2])
+    y = np.zeros(shapes[2], dtype)
+    kernel(x, w, out=y)
+    np.testing.assert_array_equal(y, convolution_reference(op, x, w, stride, dilation))  # small integers: exact
+
+
+@settings(max_examples=40, deadline=None)
+@given(op=st.sampled_from(sorted(CONVOLUTION_EINSUM)), n=st.integers(1, 2), size=st.integers(1, 70),
+       rows=st.integers(1, 9), c=st.integers(1, 70), f=st.integers(1, 70), window=st.integers(1, 3),
+       t=st.sampled_from(["f32", "f64"]))
+def test_fast_dynamic_convolutions_match_numpy_on_any_shape(op, n, size, rows, c, f, window, t):
+    rank = 1 if op == "conv_1d_nwc_wcf" else 2
+    spatial, kernel_window = ((size,), (window,)) if rank == 1 else ((rows, size), (window, window))
+    shapes = convolution_shapes(op, n, spatial, kernel_window, c, f, 1, 1)
+    if min(shapes[2]) < 1:
+        return  # the window does not fit the input
+    check_convolution(dynamic_convolution(op, t, 1, 1), op, shapes, DTYPES[t])
+
+
+@pytest.mark.parametrize("stride, dilation", [(2, 1), (1, 2), (3, 2)])
+def test_fast_strided_and_dilated_convolutions_match_numpy(stride, dilation):
+    op = "conv_2d_nhwc_hwcf"
+    shapes = convolution_shapes(op, 2, (13, 29), (3, 2), 7, 40, stride, dilation)
+    check_convolution(convolution_kernel(op, "f32", shapes, stride, dilation), op, shapes, np.float32, stride,
+                      dilation)
+
+
+@pytest.mark.parametrize("op, spatial, window, c, f", [
+    ("conv_2d_nhwc_hwcf", (8, 56), (3, 3), 64, 64),  # the benchmark's rows, full register tiles
+    ("conv_2d_nhwc_hwcf", (9, 17), (2, 3), 5, 70),  # partial tiles on every tiled loop
+    ("conv_1d_nwc_wcf", (40,), (3,), 16, 64),
+    ("conv_1d_nwc_wcf", (17,), (4,), 5, 33),
+    ("depthwise_conv_2d_nhwc_hwc", (20, 20), (3, 3), 64, 0),
+    ("depthwise_conv_2d_nhwc_hwc", (9, 13), (2, 3), 37, 0),
+])
+@pytest.mark.parametrize("t", ["f32", "f64"])
+def test_fast_static_convolutions_match_numpy_and_are_vectorized(op, spatial, window, c, f, t):
+    shapes = convolution_shapes(op, 1, spatial, window, c, f, 1, 1)
+    kernel = convolution_kernel(op, t, shapes)
+    # The depthwise convolution's multiply-adds stay arith ops, on vectors.
+    assert re.search(r"vector\.fma" if f else r"arith\.mulf .* : vector<", kernel.ir("vectorized"))
+    check_convolution(kernel, op, shapes, DTYPES[t], seed=c + f)
+
+
+def test_fast_convolution_through_strided_views():
+    op = "conv_2d_nhwc_hwcf"
+    rng = np.random.default_rng(3)
+    x = rng.integers(-3, 4, (1, 20, 40, 9)).astype(np.float32)
+    w = rng.integers(-3, 4, (3, 3, 9, 40)).astype(np.float32)
+    view_x, view_w = x[:, ::2, ::-1], w[..., ::3]
+    expected = convolution_reference(op, view_x, view_w, 1, 1)
+    np.testing.assert_array_equal(dynamic_convolution(op, "f32", 1, 1)(view_x, view_w, out=np.zeros_like(expected)),
+                                  expected)
+
+
+def test_integer_convolution_takes_the_default_lowering_with_fast():
+    op = "conv_2d_nhwc_hwcf"
+    shapes = convolution_shapes(op, 1, (6, 7), (3, 3), 4, 5, 1, 1)
+    kernel = convolution_kernel(op, "i32", shapes)
+    assert "vector." not in kernel.ir("vectorized")
+    check_convolution(kernel, op, shapes, np.int32)
+
+
+def test_a_failing_convolution_strategy_falls_back_to_the_default_lowering():
+    op = "conv_2d_nhwc_hwcf"
+    shapes = convolution_shapes(op, 1, (6, 7), (3, 3), 4, 5, 1, 1)
+    parsed = parse_source(convolution_source(op, "f32", shapes))
+    parameters = CONVOLUTIONS[f"linalg.{op}"].parameters(f"linalg.{op}", {"ow": 6, "f": 16, "c": 4})
+    broken = Strategy("convolution.mlir", False, lambda module: {**parameters, "channel_loop": "7"})
+    with parsed.context:
+        before = str(parsed.module)
+        assert broken.applied(parsed.module) is parsed.module
+        assert str(parsed.module) == before
 
 
 def test_fast_i1_kernel_is_left_to_the_byte_safe_lowering():
