@@ -47,3 +47,7 @@ class ValueRangeError(MemkernelError, ValueError):
 
 class MissingDependencyError(MemkernelError, ImportError):
     """An optional dependency that this kernel needs is not installed."""
+
+
+class CallbackError(MemkernelError, TypeError):
+    """A Python callback bound with ``callbacks=`` returned a value its declared result type cannot take."""

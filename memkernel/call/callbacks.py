@@ -4,28 +4,52 @@
 @log_row(...)``. The declaration gets a C interface, so the kernel calls
 ``_mlir_ciface_log_row`` with a pointer to each memref's descriptor and
 scalars by value; memkernel defines that symbol as a ctypes callback which
-hands ``fn`` numpy views of the memrefs (valid only during the call) and
-Python numbers, and returns its scalar result to the kernel.
+hands ``fn`` numpy arrays for the memrefs and Python numbers for the scalars,
+and returns its scalar result to the kernel.
 
-The kernel cannot be unwound from Python, so an exception raised by ``fn`` is
-kept (the callback returns zero to the kernel, which runs on) and re-raised
-from the kernel call once the kernel returns.
+Each memref reaches ``fn`` as an array of its own, a copy of the kernel's memory:
+``fn`` may keep it and read it after the call, when the kernel may have freed or
+reused that memory. When ``fn`` returns (or raises), the elements it changed are
+written back into the kernel's memory, so its writes reach the kernel as if it had
+written the memref itself, and the elements it did not change are not touched
+(a read-only ``memref.global`` passed to a callback that only reads it stays
+untouched). A callback that writes its array after it has returned writes only
+its own copy.
+
+A scalar result is checked like a scalar argument: an integer out of its type's
+range or a value that is not a number is an error (``ValueRangeError``,
+``CallbackError``) naming the kernel, the callback and the value, never a
+truncated number.
+
+The kernel cannot be unwound from Python, so an exception raised by ``fn`` (or a
+result it cannot take) is kept (the callback returns zero to the kernel, which
+runs on) and re-raised from the kernel call once the kernel returns, from the
+call whose callback raised it. A serial kernel runs its callbacks on the calling
+thread, so each call keeps its errors apart from other threads' calls. A
+``parallel=True`` kernel may run them on the async runtime's worker threads, so
+its calls take a lock: they run one at a time, and an error belongs to the one
+call running (a callback of a parallel kernel must not call that same kernel).
 """
 
 from __future__ import annotations
 
 import ctypes
+import reprlib
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
-from ..errors import SignatureError
+from ..errors import CallbackError, SignatureError, ValueRangeError
 from .results import descriptor_array, read_descriptor
+from .scalars import ScalarValueError, encode
 from ..spec.signature import ArgSpec, MemRefSpec, ScalarSpec, Signature, UnrankedSpec, read_signature
 from ..spec.source import ParsedSource
+
+T = TypeVar("T")
+
 
 def _ctype(spec: ArgSpec, where: str) -> Any:
     if isinstance(spec, (MemRefSpec, UnrankedSpec)):
@@ -40,8 +64,8 @@ def _ctype(spec: ArgSpec, where: str) -> Any:
     return ctype
 
 
-def _view(spec: MemRefSpec | UnrankedSpec, pointer: int) -> np.ndarray:
-    """A numpy view of the memref whose descriptor is at ``pointer``."""
+def _kernel_memory(spec: MemRefSpec | UnrankedSpec, pointer: int) -> np.ndarray:
+    """A numpy view of the memref whose descriptor is at ``pointer``: valid only during the callback."""
     if isinstance(spec, UnrankedSpec):
         rank = ctypes.c_int64.from_address(pointer).value
         pointer = ctypes.c_void_p.from_address(pointer + 8).value or 0
@@ -50,30 +74,80 @@ def _view(spec: MemRefSpec | UnrankedSpec, pointer: int) -> np.ndarray:
     return descriptor_array(read_descriptor(pointer, rank), spec.element.dtype, None)
 
 
-class PendingErrors:
-    """Exceptions raised by a kernel's callbacks, kept until its call returns.
+class _LentCopy:
+    """The callback's own copy of one memref, and how its changes go back to the kernel's memory."""
 
-    Callbacks may run on the async runtime's worker threads (``parallel=True``), so
-    the errors are kept for the kernel, not per thread: if two Python threads call
-    the same kernel at once, an error may surface in the other thread's call, but
-    it is never lost.
+    def __init__(self, memory: np.ndarray) -> None:
+        self.memory = memory
+        self.before = np.array(memory)
+        self.array = self.before.copy()
+
+    def write_back(self) -> None:
+        """Write the elements the callback changed (compared bit for bit) into the kernel's memory."""
+        after, before = self.array, self.before
+        if (after.shape, after.strides, after.dtype) != (before.shape, before.strides, before.dtype):
+            raise ValueError(
+                f"a callback changed the shape or dtype of the array it was given in place "
+                f"(from {before.dtype}{list(before.shape)} to {after.dtype}{list(after.shape)}); "
+                "write into it instead"
+            )
+        differs = after.reshape(-1).view(np.uint8) != before.reshape(-1).view(np.uint8)
+        if differs.any():
+            changed = differs.reshape(-1, before.itemsize).any(axis=1).reshape(before.shape)
+            np.copyto(self.memory, after, where=changed)
+
+
+class PendingErrors:
+    """Exceptions raised by a kernel's callbacks, each raised from the kernel call that ran the callback.
+
+    ``parallel`` says whether the kernel may run its callbacks on other threads
+    than the calling one (the async runtime of ``parallel=True``); then its calls
+    run one at a time. The call path uses :meth:`run`; the callbacks, :meth:`add`.
     """
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._errors: list[BaseException] = []
+    def __init__(self, *, parallel: bool = True) -> None:
+        self._parallel = parallel
+        self._lock = threading.Lock() if parallel else None
+        self._local = threading.local()
+        self._shared: list[BaseException] = []
+
+    def run(self, call: Callable[[], T]) -> T:
+        """Run one kernel call, then raise the first error a callback raised during it, if any."""
+        if self._lock is not None:
+            with self._lock:
+                self._shared = []
+                returned = call()
+                errors, self._shared = self._shared, []
+        else:
+            outer = getattr(self._local, "errors", None)
+            errors = self._local.errors = []
+            try:
+                returned = call()
+            finally:
+                self._local.errors = outer
+            if not errors and self._shared:  # a callback that ran on a thread with no call of its own
+                errors, self._shared = self._shared, []
+        if errors:
+            raise errors[0]
+        return returned
 
     def add(self, error: BaseException) -> None:
-        with self._lock:
-            self._errors.append(error)
+        """Keep ``error`` for the call running on this thread (or, off the calling threads, the kernel)."""
+        errors = getattr(self._local, "errors", None)
+        if self._parallel or errors is None:
+            errors = self._shared
+        errors.append(error)  # atomic under the GIL, which every callback holds
 
     def raise_first(self) -> None:
-        """Raise the first error kept (and forget the others), if any."""
-        if self._errors:
-            with self._lock:
-                errors, self._errors = self._errors, []
-            if errors:
-                raise errors[0]
+        """Raise the first error kept for the kernel (and forget the others), if any.
+
+        The call path before :meth:`run`: errors are kept per kernel, so with several
+        threads an error may surface in another thread's call. Remove once the call
+        path uses :meth:`run`.
+        """
+        errors, self._shared = self._shared, []
+        if errors:
+            raise errors[0]
 
 
 @dataclass
@@ -88,20 +162,45 @@ class BoundCallback:
         return ctypes.cast(self.function, ctypes.c_void_p).value or 0
 
 
-def _bind(name: str, signature: Signature, python: Callable[..., Any], pending: PendingErrors) -> BoundCallback:
+def _result_error(kernel: str, name: str, spec: ScalarSpec, value: Any,
+                  error: ScalarValueError) -> Exception:
+    message = (
+        f"{kernel}(): callback @{name} returned {reprlib.repr(value)} for its {spec.mlir} result "
+        f"({error}). Return a value that fits {spec.mlir} from the function bound to @{name}."
+    )
+    return CallbackError(message) if error.is_type_error else ValueRangeError(message)
+
+
+def _bind(kernel: str, name: str, signature: Signature, python: Callable[..., Any],
+          pending: PendingErrors) -> BoundCallback:
     where = f"callback @{name}"
     argtypes = [_ctype(spec, f"{where} argument #{i}") for i, spec in enumerate(signature.args)]
     if len(signature.results) > 1 or any(not isinstance(r, ScalarSpec) for r in signature.results):
         raise SignatureError(f"{where} must return nothing or one scalar.")
-    restype = _ctype(signature.results[0], f"{where} result") if signature.results else None
+    result = signature.results[0] if signature.results else None
+    restype = None if result is None else _ctype(result, f"{where} result")
     specs = signature.args
+
+    def result_value(returned: Any) -> Any:
+        assert isinstance(result, ScalarSpec)
+        if type(returned) is float and result.element.mlir == "f64":  # the common case, and always fits
+            return returned
+        try:
+            return encode(returned, result.element)[0]
+        except ScalarValueError as error:
+            raise _result_error(kernel, name, result, returned, error) from None
 
     def trampoline(*raw: Any) -> Any:
         try:
-            values = [_view(spec, value) if isinstance(spec, (MemRefSpec, UnrankedSpec)) else value
-                      for spec, value in zip(specs, raw)]
-            returned = python(*values)
-            return None if restype is None else restype(returned).value
+            copies = {i: _LentCopy(_kernel_memory(spec, raw[i])) for i, spec in enumerate(specs)
+                      if isinstance(spec, (MemRefSpec, UnrankedSpec))}
+            values = [copies[i].array if i in copies else value for i, value in enumerate(raw)]
+            try:
+                returned = python(*values)
+            finally:
+                for copy in copies.values():
+                    copy.write_back()
+            return None if result is None else result_value(returned)
         except BaseException as exc:  # the kernel cannot unwind: keep it for the caller
             pending.add(exc)
             return None if restype is None else restype().value
@@ -120,8 +219,11 @@ def declarations(parsed: ParsedSource) -> dict[str, Signature]:
 
 
 def bind_callbacks(parsed: ParsedSource, callbacks: Mapping[str, Callable[..., Any]],
-                   pending: PendingErrors) -> dict[str, BoundCallback]:
-    """Bind each named declaration; SignatureError for a name that is not declared."""
+                   pending: PendingErrors, *, kernel: str = "kernel") -> dict[str, BoundCallback]:
+    """Bind each named declaration; SignatureError for a name that is not declared.
+
+    ``kernel`` is the kernel's name, for the messages of errors raised at a call.
+    """
     declared = declarations(parsed)
     bound = {}
     for name, python in callbacks.items():
@@ -133,5 +235,5 @@ def bind_callbacks(parsed: ParsedSource, callbacks: Mapping[str, Callable[..., A
             )
         if not callable(python):
             raise SignatureError(f"callbacks: @{name} is bound to {python!r}, which is not callable.")
-        bound[name] = _bind(name, declared[name], python, pending)
+        bound[name] = _bind(kernel, name, declared[name], python, pending)
     return bound
