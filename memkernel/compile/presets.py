@@ -6,8 +6,9 @@
 to the ops they know, sized for the host's vector width:
 
 - ``linalg.matmul`` on f32/f64 memrefs (tensor kernels after bufferization):
-  tiled for the caches and for registers, peeled so the main tiles are static,
-  vectorized to broadcast-and-FMA outer products with the C block held in
+  blocked for the caches, with each panel of B packed into an aligned contiguous
+  buffer, then tiled for registers and peeled so every tile is static,
+  vectorized to broadcast-and-FMA outer products with the C tile held in
   registers (see ``transforms/matmul.mlir``);
 - ``linalg.conv_2d_nhwc_hwcf``, ``linalg.conv_1d_nwc_wcf`` and
   ``linalg.depthwise_conv_2d_nhwc_hwc`` on f32/f64 memrefs: tiled so that each tile is a
@@ -67,15 +68,21 @@ def _element(value: ir.Value) -> str:
     return str(value.type.element_type)
 
 
+# The matmul strategy's blocks: C rows per block (its A rows, 128 × K, stay in L2 while the
+# block's panels go by) and rows per register tile; a tile is that many rows by two host
+# vectors, 16 of AVX-512's 32 registers.
+_MATMUL_BLOCK_ROWS = 128
+_MATMUL_REGISTER_ROWS = 8
+
+
 def _matmul_parameters(module: ir.Module) -> dict[str, str] | None:
     matmuls = _ops(module, "linalg.matmul")
     types = {_element(v) for op in matmuls for v in op.operands}
     if not matmuls or not types <= set(_FLOATS) or len(types) != 1:
         return None
-    bits = 64 if types == {"f64"} else 32
-    lanes = host_vector_bits() // bits
-    cache_n = 256 if bits == 32 else 128
-    return {"cache_tiles": f"64, {cache_n}, 128", "register_tiles": f"8, {2 * lanes}, 8"}
+    lanes = host_vector_bits() // (64 if types == {"f64"} else 32)
+    return {"block_rows": str(_MATMUL_BLOCK_ROWS), "register_rows": str(_MATMUL_REGISTER_ROWS),
+            "register_columns": str(2 * lanes)}
 
 
 _WINDOW = ("kh", "kw", "c")

@@ -63,6 +63,13 @@ def test_fast_matmul_is_vectorized_and_default_is_not():
     assert "vector." not in dynamic_matmul("f32", "default").ir("vectorized")
 
 
+@pytest.mark.parametrize("t", ["f32", "f64"])
+def test_fast_matmul_vectorizes_every_tile_and_packs_b(t):
+    vectorized = FAST_MATMULS[t].ir("vectorized")
+    assert "linalg.matmul" not in vectorized  # the partial tiles too: none is left to the default lowering
+    assert "memref.alloc" in vectorized and "alignment = 64" in vectorized  # B's packed panel
+
+
 @settings(max_examples=40, deadline=None)
 @given(m=st.integers(0, 70), n=st.integers(0, 70), k=st.integers(0, 40), t=st.sampled_from(["f32", "f64"]))
 def test_fast_dynamic_matmul_matches_numpy_on_any_shape(m, n, k, t):
@@ -70,7 +77,8 @@ def test_fast_dynamic_matmul_matches_numpy_on_any_shape(m, n, k, t):
     np.testing.assert_array_equal(FAST_MATMULS[t](a, b), a @ b)  # small integers: exact
 
 
-@pytest.mark.parametrize("m, n, k", [(64, 64, 64), (33, 65, 17), (8, 32, 8), (1, 100, 3), (130, 40, 9)])
+@pytest.mark.parametrize("m, n, k", [(64, 64, 64), (33, 65, 17), (8, 32, 8), (1, 100, 3), (130, 40, 9),
+                                     (513, 257, 129), (1, 512, 512), (263, 7, 300)])
 @pytest.mark.parametrize("t", ["f32", "f64"])
 def test_fast_static_matmul_matches_numpy(m, n, k, t):
     source = MATMUL.format(A=f"memref<{m}x{k}x{t}>", B=f"memref<{k}x{n}x{t}>", C=f"memref<{m}x{n}x{t}>")
@@ -294,7 +302,8 @@ def test_fast_i1_kernel_is_left_to_the_byte_safe_lowering():
 
 def test_a_failing_strategy_leaves_the_module_unchanged():
     parsed = parse_source(elementwise("arith.addf", "memref<?xf32>", "f32", 1))
-    broken = Strategy("matmul.mlir", False, lambda module: {"cache_tiles": "oops", "register_tiles": "1"})
+    broken = Strategy("matmul.mlir", False, lambda module: {"block_rows": "oops", "register_rows": "1",
+                                                             "register_columns": "1"})
     with parsed.context:
         before = str(parsed.module)
         assert broken.applied(parsed.module) is parsed.module

@@ -1,37 +1,76 @@
 // The "fast" preset's strategy for linalg.matmul on memrefs (f32 and f64).
 //
-// Tiles for the caches ({cache_tiles}), then for registers ({register_tiles}: a block of
-// C rows by two host vectors, times a few steps of K). Peeling the register loops leaves
-// full tiles with static shapes in the main loops, which are vectorized into
-// vector.contract and lowered to broadcast-and-FMA outer products; the partial tiles
-// peeled off keep their linalg form and take the default lowering. The C block is
-// hoisted out of the K loop, so it stays in registers.
+// The BLAS scheme, in transform ops. C is cut into blocks of {block_rows} rows by panels of
+// {register_columns} columns (two host vectors); for each, the panel of B it needs (all of K
+// by {register_columns} columns) is copied into a buffer of its own, 64-byte aligned and
+// contiguous, so the inner loop reads B at unit stride from one aligned stream whatever the
+// caller's layout and alignment. Each block is then cut into register tiles of
+// {register_rows} rows by the panel's columns, one step of K at a time: vectorized to
+// broadcast-and-FMA outer products, with the C tile hoisted out of the K loop so it stays
+// in registers for the whole of K.
+//
+// Every loop is peeled so that all tiles have static shapes, and the partial ones are
+// re-tiled to unit size in the ragged dimension (a row of C, a column of the panel):
+// every tile is vectorized, none is left to the default lowering. That matters beyond
+// speed: hoisting C out of the K loop requires that nothing else in the loop nest view C
+// through a subview, which an unvectorized remainder tile would.
 module attributes {transform.with_named_sequence} {
   transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {
+    %func = transform.structured.match ops{["func.func"]} in %root : (!transform.any_op) -> !transform.any_op
     %matmul = transform.structured.match ops{["linalg.matmul"]} in %root
         : (!transform.any_op) -> !transform.any_op
-    %cache_tile, %cache_loops:3 = transform.structured.tile_using_for %matmul tile_sizes [{cache_tiles}]
-        : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op, !transform.any_op)
-    %register_tile, %loops:3 = transform.structured.tile_using_for %cache_tile tile_sizes [{register_tiles}]
-        : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op, !transform.any_op)
-    %i = transform.cast %loops#0 : !transform.any_op to !transform.op<"scf.for">
-    %j = transform.cast %loops#1 : !transform.any_op to !transform.op<"scf.for">
-    %k = transform.cast %loops#2 : !transform.any_op to !transform.op<"scf.for">
-    // Innermost first: peeling a loop invalidates the handles of the loops nested in it.
+    %panel, %blocks, %columns = transform.structured.tile_using_for %matmul tile_sizes [{block_rows}, {register_columns}, 0]
+        : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op)
+    %promoted = transform.structured.promote %panel { operands_to_promote = [1], alignment = 64 }
+        : (!transform.any_op) -> !transform.any_op
+    // The packing copies, one row of the panel at a time (unrolled whole, a long panel
+    // would make code LLVM takes seconds to compile).
+    %copies = transform.structured.match ops{["linalg.copy"]} in %func : (!transform.any_op) -> !transform.any_op
+    transform.foreach %copies : !transform.any_op {
+    ^bb0(%copy: !transform.any_op):
+      %copy_row, %copy_loop = transform.structured.tile_using_for %copy tile_sizes [1, 0]
+          : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    }
     // A loop whose trip count divides evenly has nothing to peel, which is not a failure here.
-    transform.sequence %k : !transform.op<"scf.for"> failures(suppress) {
-    ^bb0(%loop: !transform.op<"scf.for">):
-      %main, %rest = transform.loop.peel %loop : (!transform.op<"scf.for">) -> (!transform.any_op, !transform.any_op)
+    // The last panel, narrower than a register tile, is done one column at a time.
+    transform.sequence %columns : !transform.any_op failures(suppress) {
+    ^bb0(%loop: !transform.any_op):
+      %for = transform.cast %loop : !transform.any_op to !transform.op<"scf.for">
+      %main, %rest = transform.loop.peel %for : (!transform.op<"scf.for">) -> (!transform.any_op, !transform.any_op)
+      transform.foreach %rest : !transform.any_op {
+      ^bb1(%rest_loop: !transform.any_op):
+        %narrow = transform.structured.match ops{["linalg.matmul"]} in %rest_loop : (!transform.any_op) -> !transform.any_op
+        transform.foreach %narrow : !transform.any_op {
+        ^bb2(%op: !transform.any_op):
+          %column, %column_loop = transform.structured.tile_using_for %op tile_sizes [0, 1, 0]
+              : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+        }
+      }
     }
-    transform.sequence %j : !transform.op<"scf.for"> failures(suppress) {
-    ^bb0(%loop: !transform.op<"scf.for">):
-      %main, %rest = transform.loop.peel %loop : (!transform.op<"scf.for">) -> (!transform.any_op, !transform.any_op)
+    transform.apply_patterns to %func {
+      transform.apply_patterns.canonicalization
+    } : !transform.any_op
+    // Register tiles; the rows left over at the end of a block are done one row at a time.
+    %tiles = transform.structured.match ops{["linalg.matmul"]} in %func : (!transform.any_op) -> !transform.any_op
+    transform.foreach %tiles : !transform.any_op {
+    ^bb0(%tile: !transform.any_op):
+      %micro, %rows, %cols, %depth = transform.structured.tile_using_for %tile tile_sizes [{register_rows}, {register_columns}, 1]
+          : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op, !transform.any_op)
+      transform.sequence %rows : !transform.any_op failures(suppress) {
+      ^bb1(%loop: !transform.any_op):
+        %for = transform.cast %loop : !transform.any_op to !transform.op<"scf.for">
+        %main, %rest = transform.loop.peel %for : (!transform.op<"scf.for">) -> (!transform.any_op, !transform.any_op)
+        transform.foreach %rest : !transform.any_op {
+        ^bb2(%rest_loop: !transform.any_op):
+          %leftover = transform.structured.match ops{["linalg.matmul"]} in %rest_loop : (!transform.any_op) -> !transform.any_op
+          transform.foreach %leftover : !transform.any_op {
+          ^bb3(%left: !transform.any_op):
+            %single, %single_rows = transform.structured.tile_using_for %left tile_sizes [1, 0, 0]
+                : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+          }
+        }
+      }
     }
-    transform.sequence %i : !transform.op<"scf.for"> failures(suppress) {
-    ^bb0(%loop: !transform.op<"scf.for">):
-      %main, %rest = transform.loop.peel %loop : (!transform.op<"scf.for">) -> (!transform.any_op, !transform.any_op)
-    }
-    %func = transform.structured.match ops{["func.func"]} in %root : (!transform.any_op) -> !transform.any_op
     transform.apply_patterns to %func {
       transform.apply_patterns.canonicalization
     } : !transform.any_op
@@ -40,15 +79,23 @@ module attributes {transform.with_named_sequence} {
     transform.apply_patterns to %vectorized {
       transform.apply_patterns.vector.reduction_to_contract
       transform.apply_patterns.vector.transfer_permutation_patterns
+      transform.apply_patterns.memref.fold_memref_alias_ops
       transform.apply_patterns.canonicalization
     } : !transform.any_op
+    // The C tile's read and write now index the argument directly; made loop-invariant and
+    // identical, the pair is hoisted out of the K loop.
+    %all_loops = transform.structured.match ops{["scf.for"]} in %vectorized : (!transform.any_op) -> !transform.any_op
+    transform.apply_licm to %all_loops : !transform.any_op
+    transform.apply_cse to %vectorized : !transform.any_op
     %hoisted = transform.structured.hoist_redundant_vector_transfers %vectorized
         : (!transform.any_op) -> !transform.any_op
-    // No broadcast lowering here: with canonicalization it rewrites without end.
+    // Transfers are unrolled to 1-d here: left to the default lowering, a 2-d transfer goes
+    // through a stack buffer allocated inside the loops, which grows the stack.
     transform.apply_patterns to %hoisted {
       transform.apply_patterns.vector.lower_contraction lowering_strategy = "outerproduct"
       transform.apply_patterns.vector.lower_outerproduct
       transform.apply_patterns.vector.transfer_permutation_patterns
+      transform.apply_patterns.vector.transfer_to_scf max_transfer_rank = 1 full_unroll = true
       transform.apply_patterns.vector.lower_transfer max_transfer_rank = 1
       transform.apply_patterns.vector.lower_shape_cast
       transform.apply_patterns.canonicalization
