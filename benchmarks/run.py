@@ -68,10 +68,30 @@ MATMUL = """func.func @matmul(%a: {t}, %b: {t}, %c: {t}) {{
   linalg.matmul ins(%a, %b : {t}, {t}) outs(%c : {t})
   return
 }}"""
+IREE_MATMUL = """func.func @matmul(%a: tensor<{m}x{k}xf32>, %b: tensor<{k}x{n}xf32>) -> tensor<{m}x{n}xf32> {{
+  %zero = arith.constant 0.0 : f32
+  %empty = tensor.empty() : tensor<{m}x{n}xf32>
+  %init = linalg.fill ins(%zero : f32) outs(%empty : tensor<{m}x{n}xf32>) -> tensor<{m}x{n}xf32>
+  %c = linalg.matmul ins(%a, %b : tensor<{m}x{k}xf32>, tensor<{k}x{n}xf32>) outs(%init : tensor<{m}x{n}xf32>)
+      -> tensor<{m}x{n}xf32>
+  return %c : tensor<{m}x{n}xf32>
+}}"""
+MATMUL_STATIC = """func.func @matmul(%a: {a}, %b: {b}, %c: {c}) {{
+  linalg.matmul ins(%a, %b : {a}, {b}) outs(%c : {c})
+  return
+}}"""
 CONV = """func.func @conv(%x: {x}, %w: {w}, %y: {y}) {{
   linalg.conv_2d_nhwc_hwcf {{dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}}
       ins(%x, %w : {x}, {w}) outs(%y : {y})
   return
+}}"""
+IREE_CONV = """func.func @conv(%x: tensor<{x}>, %w: tensor<{w}>) -> tensor<{y}> {{
+  %zero = arith.constant 0.0 : f32
+  %empty = tensor.empty() : tensor<{y}>
+  %init = linalg.fill ins(%zero : f32) outs(%empty : tensor<{y}>) -> tensor<{y}>
+  %y = linalg.conv_2d_nhwc_hwcf {{dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}}
+      ins(%x, %w : tensor<{x}>, tensor<{w}>) outs(%init : tensor<{y}>) -> tensor<{y}>
+  return %y : tensor<{y}>
 }}"""
 EXP_EXP = """func.func @exp_exp(%x: memref<?x?xf32>, %y: memref<?x?xf32>) {
   linalg.generic {indexing_maps = [affine_map<(i, j) -> (i, j)>, affine_map<(i, j) -> (i, j)>],
@@ -95,6 +115,13 @@ print(time.perf_counter() - start)
 """
 SMALL = 16
 MATMUL_SIZE = 512  # M = N = K
+# The other matmul shapes (M, N, K, dtype): large, odd, a row times a matrix, double precision.
+MATMUL_SHAPES = ((1000, 1000, 1000, "f32"), (513, 257, 129, "f32"), (1, 512, 512, "f32"), (512, 512, 512, "f64"))
+# Where an array's data starts relative to a 64-byte boundary: numpy's own allocations
+# land 16 bytes past one (16-byte aligned), as users have them; 0 is 64-byte aligned.
+NUMPY_OFFSET = 16
+# IREE's flags for its matmul peers: its defaults, then data tiling with its ukernels.
+IREE_DATA_TILING = ("--iree-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=all")
 CONV_INPUT = (1, 56, 56, 64)  # N, H, W, C: a ResNet stage-2 activation
 CONV_FILTER = (3, 3, 64, 64)  # KH, KW, C, F
 EXP_SIDE = 2000
@@ -188,22 +215,46 @@ def not_installed(benchmark: str, variant: str) -> Row:
     return (benchmark, variant, "not installed", "—", "—")
 
 
+def alternating_seconds(cases: Sequence[Case], settings: Settings) -> list[float]:
+    """Seconds per call of each case, the minimum over repeats, timed in turns.
+
+    Each case's timeit loop is calibrated to last at least ``min_seconds``; then every
+    repeat times each case once, in order, so a noisy neighbour slows all of them alike
+    instead of whichever was running when it came.
+    """
+    timers = [timeit.Timer(case.call) for case in cases]
+    numbers = []
+    for timer in timers:
+        number = 1
+        while timer.timeit(number) < settings.min_seconds:
+            number *= 2
+        numbers.append(number)
+    best = [float("inf")] * len(cases)
+    for _ in range(settings.repeats):
+        for i, (timer, number) in enumerate(zip(timers, numbers)):
+            best[i] = min(best[i], timer.timeit(number) / number)
+    return best
+
+
 def compare(benchmark: str, cases: Sequence[Case], expected: np.ndarray, settings: Settings,
             show: Callable[[float], str], throughput: bool = False, rtol: float = 0.0,
             atol: float = 0.0) -> list[Row]:
-    """Time each case against the first (the numpy baseline); rows in the cases' order.
+    """Time each case against the first (the numpy baseline), in turns; rows in the cases' order.
 
     The ratio is time / baseline time, or with ``throughput`` baseline time / time.
     Results are checked against ``expected`` within ``rtol`` and ``atol`` (exactly by default).
     """
-    timings = [measure(case, expected, settings, rtol, atol) for case in cases]
-    base = timings[0]
-    assert base is not None
+    installed_cases = [case for case in cases if case.call is not None]
+    for case in installed_cases:
+        verify(case, expected, rtol, atol)
+    timings = dict(zip(map(id, installed_cases), alternating_seconds(installed_cases, settings)))
+    base = timings[id(cases[0])]
     rows: list[Row] = []
-    for case, seconds in zip(cases, timings):
-        if seconds is None:
+    for case in cases:
+        if id(case) not in timings:
             rows.append(not_installed(benchmark, case.variant))
             continue
+        seconds = timings[id(case)]
         ratio = base / seconds if throughput else seconds / base
         verdict = case.target.verdict(ratio) if case.target else "—"
         rows.append((benchmark, case.variant, show(seconds), f"{ratio:.2f}", verdict))
@@ -275,8 +326,8 @@ def installed(module: str) -> bool:
         return False
 
 
-def iree_add(n: int) -> Callable[[np.ndarray, np.ndarray], Any] | None:
-    """The tensor add compiled by IREE for llvm-cpu (host CPU), loaded on local-sync; None without IREE.
+def iree_function(source: str, name: str, flags: Sequence[str] = ()) -> Callable[..., Any] | None:
+    """``source`` compiled by IREE for llvm-cpu (host CPU), loaded on local-sync; None without IREE.
 
     ``iree-compile`` runs in a subprocess: IREE's compiler bindings and memkernel's MLIR
     bindings cannot be loaded in one process (their nanobind symbols clash).
@@ -287,9 +338,19 @@ def iree_add(n: int) -> Callable[[np.ndarray, np.ndarray], Any] | None:
 
     compiled = subprocess.run(
         [sys.executable, "-m", "iree.compiler.tools.scripts.iree_compile", "-", "-o", "-",
-         "--iree-hal-target-backends=llvm-cpu", "--iree-llvmcpu-target-cpu=host"],
-        input=IREE_ADD.format(n=n).encode(), capture_output=True, check=True)
-    return iree.runtime.load_vm_flatbuffer(compiled.stdout, driver="local-sync").add
+         "--iree-hal-target-backends=llvm-cpu", "--iree-llvmcpu-target-cpu=host", *flags],
+        input=source.encode(), capture_output=True, check=True)
+    return getattr(iree.runtime.load_vm_flatbuffer(compiled.stdout, driver="local-sync"), name)
+
+
+def iree_add(n: int) -> Callable[[np.ndarray, np.ndarray], Any] | None:
+    """The tensor add of ``n`` float32s compiled by IREE (see :func:`iree_function`)."""
+    return iree_function(IREE_ADD.format(n=n), "add")
+
+
+def iree_case(variant: str, function: Callable[..., Any] | None, *arrays: np.ndarray) -> Case:
+    """An IREE function called on ``arrays``, its result copied back to the host; None when not installed."""
+    return Case(variant, None if function is None else lambda: function(*arrays).to_host())
 
 
 def operands(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -310,9 +371,18 @@ def small_integers(*shapes: tuple[int, ...]) -> list[np.ndarray]:
     return [rng.integers(-4, 5, shape).astype(np.float32) for shape in shapes]
 
 
-def memref(shape: Sequence[int]) -> str:
-    """The static f32 memref type of ``shape``."""
-    return f"memref<{'x'.join(map(str, shape))}xf32>"
+def memref(shape: Sequence[int], element: str = "f32") -> str:
+    """The static memref type of ``shape``."""
+    return f"memref<{'x'.join(map(str, shape))}x{element}>"
+
+
+def placed(array: np.ndarray, offset: int) -> np.ndarray:
+    """A copy of ``array`` whose data starts ``offset`` bytes past a 64-byte boundary."""
+    raw = np.empty(array.nbytes + 128, np.uint8)
+    start = (-raw.ctypes.data) % 64 + offset
+    copy = raw[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+    copy[...] = array
+    return copy
 
 
 def microseconds(seconds: float) -> str:
@@ -389,24 +459,70 @@ def matmul_kernel(memref_type: str, preset: str) -> Any:
     return mlir_kernel(MATMUL.format(t=memref_type), pipeline=preset)(lambda a, b: None)
 
 
+def blas_variant() -> str:
+    """The numpy matmul variant's name, with the BLAS threads it was told to use."""
+    return f"np.matmul(a, b, out=c), OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}"
+
+
+def matmul_arrays(m: int, n: int, k: int, dtype: type, offset: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A, B (small integers) and a zeroed C, their data ``offset`` bytes past a 64-byte boundary."""
+    a, b = (x.astype(dtype) for x in small_integers((m, k), (k, n)))
+    return placed(a, offset), placed(b, offset), placed(np.zeros((m, n), dtype), offset)
+
+
 def matmul_rows(settings: Settings) -> list[Row]:
-    """GFLOP/s of a square f32 matmul into a preallocated output; numpy's BLAS on one thread by default."""
+    """GFLOP/s of a square f32 matmul into a preallocated output, on 16- then 64-byte-aligned arrays."""
     size = MATMUL_SIZE
-    a, b = small_integers((size, size), (size, size))
-    c = np.zeros((size, size), np.float32)
     static = memref((size, size))
     default, fast, dynamic = (matmul_kernel(static, "default"), matmul_kernel(static, "fast"),
                               matmul_kernel("memref<?x?xf32>", "fast"))
-    # Timed calls accumulate into c (linalg.matmul adds to its output): the same work each time.
-    cases = [
-        Case(f"np.matmul(a, b, out=c), OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}",
-             lambda: np.matmul(a, b, out=c), c),
-        Case(f"memkernel {static}, pipeline=default", lambda: default(a, b, out=c), c),
-        Case(f"memkernel {static}, pipeline=fast", lambda: fast(a, b, out=c), c, Target(0.5, at_least=True)),
-        Case("memkernel memref<?x?xf32>, pipeline=fast", lambda: dynamic(a, b, out=c), c),
-    ]
-    return compare(f"matmul, {size}×{size}×{size} f32, out=", cases, a @ b, settings,
-                   per_second(2 * size**3, "GFLOP/s"), throughput=True)
+    source = IREE_MATMUL.format(m=size, n=size, k=size)
+    iree, iree_tiled = iree_function(source, "matmul"), iree_function(source, "matmul", IREE_DATA_TILING)
+    show = per_second(2 * size**3, "GFLOP/s")
+    rows: list[Row] = []
+    for offset in (NUMPY_OFFSET, 0):
+        a, b, c = matmul_arrays(size, size, size, np.float32, offset)
+        blas_out = c.copy()
+        # Timed calls accumulate into c (linalg.matmul adds to its output): the same work each time.
+        cases = [
+            Case(blas_variant(), lambda: np.matmul(a, b, out=blas_out), blas_out),
+            Case(f"memkernel {static}, pipeline=fast", lambda: fast(a, b, out=c), c, Target(0.95, at_least=True)),
+            Case("memkernel memref<?x?xf32>, pipeline=fast", lambda: dynamic(a, b, out=c), c,
+                 Target(0.9, at_least=True)),
+        ]
+        if offset == NUMPY_OFFSET:
+            cases += [
+                Case(f"memkernel {static}, pipeline=default", lambda: default(a, b, out=c), c),
+                iree_case("IREE llvm-cpu local-sync, default flags", iree, a, b),
+                iree_case(f"IREE llvm-cpu local-sync, {' '.join(IREE_DATA_TILING)}", iree_tiled, a, b),
+            ]
+        aligned = "numpy's 16-byte-aligned arrays" if offset else "64-byte-aligned arrays"
+        rows += compare(f"matmul, {size}×{size}×{size} f32, out=, {aligned}", cases, a @ b, settings, show,
+                        throughput=True)
+    return rows
+
+
+def odd_matmul_rows(settings: Settings) -> list[Row]:
+    """GFLOP/s of the other matmul shapes, dynamic memrefs with the fast preset, on numpy-aligned arrays."""
+    rows: list[Row] = []
+    for m, n, k, element in MATMUL_SHAPES:
+        dtype = np.float32 if element == "f32" else np.float64
+        a, b, c = matmul_arrays(m, n, k, dtype, NUMPY_OFFSET)
+        blas_out = c.copy()
+        dynamic = matmul_kernel(f"memref<?x?x{element}>", "fast")
+        static_type = memref((m, k), element), memref((k, n), element), memref((m, n), element)
+        static = mlir_kernel(MATMUL_STATIC.format(a=static_type[0], b=static_type[1], c=static_type[2]),
+                             pipeline="fast")(lambda a, b: None)
+        cases = [
+            Case(blas_variant(), lambda: np.matmul(a, b, out=blas_out), blas_out),
+            Case(f"memkernel memref<?x?x{element}>, pipeline=fast", lambda: dynamic(a, b, out=c), c,
+                 Target(0.8, at_least=True)),
+            Case("memkernel static memrefs, pipeline=fast", lambda: static(a, b, out=c), c,
+                 Target(0.8, at_least=True)),
+        ]
+        rows += compare(f"matmul, {m}×{n}×{k} {element}, out=, numpy's 16-byte-aligned arrays", cases, a @ b,
+                        settings, per_second(2 * m * n * k, "GFLOP/s"), throughput=True)
+    return rows
 
 
 def im2col_conv(x: np.ndarray, filters: np.ndarray) -> np.ndarray:
@@ -423,14 +539,19 @@ def conv_rows(settings: Settings) -> list[Row]:
     """GFLOP/s of a 3×3 convolution, memkernel's ``linalg.conv_2d_nhwc_hwcf`` against numpy's im2col."""
     (n, h, w, c), (kh, kw, _, f) = CONV_INPUT, CONV_FILTER
     out_shape = (n, h - kh + 1, w - kw + 1, f)
-    x, filters = small_integers(CONV_INPUT, CONV_FILTER)
-    y = np.zeros(out_shape, np.float32)
+    x, filters = (placed(array, NUMPY_OFFSET) for array in small_integers(CONV_INPUT, CONV_FILTER))
+    y = placed(np.zeros(out_shape, np.float32), NUMPY_OFFSET)
     source = CONV.format(x=memref(CONV_INPUT), w=memref(CONV_FILTER), y=memref(out_shape))
     default, fast = (mlir_kernel(source, pipeline=preset)(lambda x, w: None) for preset in ("default", "fast"))
+    dims = {name: "x".join(map(str, shape)) + "xf32"
+            for name, shape in (("x", CONV_INPUT), ("w", CONV_FILTER), ("y", out_shape))}
+    iree = iree_function(IREE_CONV.format(**dims), "conv")
     cases = [
         Case("numpy im2col: sliding_window_view + tensordot", lambda: im2col_conv(x, filters)),
+        Case("memkernel conv_2d_nhwc_hwcf, pipeline=fast", lambda: fast(x, filters, out=y), y,
+             Target(1.5, at_least=True)),
         Case("memkernel conv_2d_nhwc_hwcf, pipeline=default", lambda: default(x, filters, out=y), y),
-        Case("memkernel conv_2d_nhwc_hwcf, pipeline=fast", lambda: fast(x, filters, out=y), y),
+        iree_case("IREE llvm-cpu local-sync conv_2d_nhwc_hwcf", iree, x, filters),
     ]
     flops = 2 * n * out_shape[1] * out_shape[2] * kh * kw * c * f
     benchmark = f"conv {kh}×{kw}, {'×'.join(map(str, CONV_INPUT))} → {'×'.join(map(str, out_shape))} f32"
@@ -560,13 +681,19 @@ def machine() -> str:
 
 NOTES = """\
 - Each time is the minimum over repeats of the mean of a timeit loop, after a call that
-  checks the result against numpy. The ratio is time / numpy time of the same group, except
+  checks the result against numpy; the variants of a group are timed in turns, one loop
+  each per round, so load from other processes falls on all of them alike. The ratio is time / numpy time of the same group, except
   for the rows shown in GB/s or GFLOP/s (throughput / numpy's, higher is better), the
   parallel rows (time / serial time) and compile time (see its rows).
 - Targets: memkernel `out=` ≤ 3× `np.add(out=)`; allocating ≤ 5× `np.add`; add bandwidth
   ≥ 0.9 of numpy with either pipeline; sum with `pipeline="fast"` ≥ 0.9 of `x.sum()`;
-  static matmul with `pipeline="fast"` ≥ 0.5 of numpy; disk cache hit ≤ 0.2 of the
-  fresh-process compile (base B). The other rows have no target.
+  matmul 512³ f32 with `pipeline="fast"` ≥ 0.95 of numpy (static shapes) and ≥ 0.9 (dynamic,
+  on either alignment); the other matmul shapes ≥ 0.8; the convolution with
+  `pipeline="fast"` ≥ 1.5× numpy's im2col; disk cache hit ≤ 0.2 of the fresh-process
+  compile (base B). The other rows have no target.
+- Alignment: numpy's own allocations start 16 bytes past a 64-byte boundary; the matmul
+  and convolution arrays are placed so (and, in the second 512³ group, 64-byte aligned),
+  whatever the allocator happens to return in this run.
 - numpy's BLAS should run on one thread, as memkernel's kernels do (`parallel=True`
   aside), and without the `OPENBLAS_CORETYPE`/`OPENBLAS_L2_SIZE` overrides some machines
   set for old OpenBLAS builds: run the script as `env -u OPENBLAS_CORETYPE -u
@@ -574,7 +701,10 @@ NOTES = """\
   the BLAS kernels and threads numpy actually used.
 - The memref sum is not vectorized by design: its output may alias its input, so the fast
   preset leaves it to the default lowering (a serial chain of adds). The fast preset has
-  no strategy for elementwise ops or convolutions: those rows take the default lowering.
+  no strategy for elementwise ops: those rows take the default lowering.
+- IREE rows (matmul, convolution) allocate and return their output and copy it back with
+  `.to_host()`, which the preallocated numpy and memkernel calls do not; on these sizes the
+  copy is a few percent of the time.
 - bare ctypes: the kernel's packed C interface called on descriptors built once: the floor
   of any Python caller. upstream: `ExecutionEngine.invoke` with `get_ranked_memref_descriptor`
   per call. IREE returns a new array (`.to_host()`), so it is timed against `np.add(a, b)`;
@@ -598,17 +728,27 @@ def markdown(rows: Sequence[Row], info: str, command: str) -> str:
                       "## Results", "", *body, "", "## Notes", "", NOTES])
 
 
+SECTIONS: dict[str, Callable[[Settings], list[Row]]] = {
+    "overhead": overhead_rows, "bandwidth": bandwidth_rows, "sum": sum_rows, "matmul": matmul_rows,
+    "matmul-shapes": odd_matmul_rows, "conv": conv_rows, "parallel": parallel_rows, "compile": compile_rows,
+}
+"""The table's sections, in order, by the name ``--only`` takes."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: few repeats, smaller arrays")
     parser.add_argument("--markdown", type=Path, default=Path(__file__).with_name("results.md"),
                         help="where to write the markdown table (default: benchmarks/results.md)")
+    parser.add_argument("--only", nargs="+", choices=list(SECTIONS), metavar="SECTION",
+                        help=f"run only these sections, in the table's order: {', '.join(SECTIONS)}")
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else FULL
     os.environ["MEMKERNEL_CACHE_DIR"] = ""  # in this process: no disk cache, and the user's is untouched
-    sections = (overhead_rows, bandwidth_rows, sum_rows, matmul_rows, conv_rows, parallel_rows, compile_rows)
-    rows = [row for section in sections for row in section(settings)]
-    command = "python benchmarks/run.py" + (" --quick" if args.quick else "")
+    chosen = [name for name in SECTIONS if not args.only or name in args.only]
+    rows = [row for name in chosen for row in SECTIONS[name](settings)]
+    command = "python benchmarks/run.py" + (" --quick" if args.quick else "") + (
+        f" --only {' '.join(chosen)}" if args.only else "")
     report = markdown(rows, machine(), command)
     print(report)
     args.markdown.parent.mkdir(parents=True, exist_ok=True)
