@@ -222,7 +222,7 @@ def alternating_seconds(cases: Sequence[Case], settings: Settings) -> list[float
     repeat times each case once, in order, so a noisy neighbour slows all of them alike
     instead of whichever was running when it came.
     """
-    timers = [timeit.Timer(case.call) for case in cases]
+    timers = [timeit.Timer(case.call) for case in cases if case.call is not None]
     numbers = []
     for timer in timers:
         number = 1
@@ -466,8 +466,8 @@ def blas_variant() -> str:
 
 def matmul_arrays(m: int, n: int, k: int, dtype: type, offset: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A, B (small integers) and a zeroed C, their data ``offset`` bytes past a 64-byte boundary."""
-    a, b = (x.astype(dtype) for x in small_integers((m, k), (k, n)))
-    return placed(a, offset), placed(b, offset), placed(np.zeros((m, n), dtype), offset)
+    a, b = small_integers((m, k), (k, n))
+    return placed(a.astype(dtype), offset), placed(b.astype(dtype), offset), placed(np.zeros((m, n), dtype), offset)
 
 
 def matmul_rows(settings: Settings) -> list[Row]:
