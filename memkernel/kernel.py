@@ -115,15 +115,16 @@ class Kernel:
     def _build_invoker(self) -> Invoker:
         spec = self.spec
         results = spec.signature.results
-        fast_spec = fast_path(spec.name, spec.contracts, spec.n_inputs, results) if abi.fast_path_enabled() else None
+        fast_spec = fast_path(spec.name, spec.contracts, spec.n_inputs, spec.shapes, results) if abi.fast_path_enabled() else None
         compiled = self._compiled_function(fast_spec)
         allocator = OutputAllocator(
             spec.name,
             [(c.name, c.spec) for c in spec.contracts[spec.n_inputs:]],  # type: ignore[misc]
             [(i, a) for i, a in enumerate(spec.signature.args[:spec.n_inputs]) if isinstance(a, MemRefSpec)],
             self._function,
+            spec.output_sources(),
         )
-        plan = CallPlan([binder_for(c) for c in spec.contracts], spec.n_inputs, allocator, results,
+        plan = CallPlan([binder_for(c) for c in spec.contracts], spec.n_inputs, allocator, spec.shapes, results,
                         compiled.address, compiled)
         fast = None
         if compiled.fast_address and fast_spec is not None:

@@ -1,8 +1,10 @@
 """Shaping and allocating the output arguments a call does not pass.
 
 A static dim comes from the memref type. A ``?`` dim comes, in order, from the
-``out=`` array, from the shape the decorated Python function returns, or from
-the inputs that have the same memref shape pattern when they all agree.
+input dim the kernel ties it to (see :mod:`memkernel.spec.shapes`), from the
+shape the decorated Python function returns, or from the inputs that have the
+same memref shape pattern when they all agree. Whatever gives the shape, the
+call then checks the outputs against the same ties as the inputs.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ShapeError
+from ..spec.shapes import Dim
 from ..spec.signature import MemRefSpec, UnrankedSpec
 
 _NOT_CALLED = object()
@@ -39,6 +42,7 @@ class OutputAllocator:
         outputs: Sequence[tuple[str, MemRefSpec | UnrankedSpec]],
         inputs: Sequence[tuple[int, MemRefSpec]],
         shape_function: Callable[..., Any],
+        sources: Sequence[tuple[Dim | int | None, ...] | None] = (),
     ) -> None:
         self.kernel = kernel
         self.outputs = tuple(outputs)
@@ -50,6 +54,11 @@ class OutputAllocator:
             for _, spec in self.outputs
         )
         self._dtypes = tuple(spec.element.dtype for _, spec in self.outputs)
+        # Per output: where each dim's size comes from, when the ties give every dim of it.
+        self._tied = tuple(
+            s if s is not None and all(d is not None for d in s) else None
+            for s in (tuple(sources) or (None,) * len(self.outputs))
+        )
         self._like = tuple(
             tuple(j for j, input_spec in inputs if isinstance(spec, MemRefSpec) and input_spec.same_pattern(spec))
             for _, spec in self.outputs
@@ -61,6 +70,9 @@ class OutputAllocator:
             static = self._static[0]
             if static is not None:
                 return (np.zeros(static, dtype=self._dtypes[0]),)
+            tied = self._tied_shape(0, values)
+            if tied is not None:
+                return (np.zeros(tied, dtype=self._dtypes[0]),)
             returned = self.shape_function(*values)
             shape = self._like_shape(0, values) if returned is None else None
             if shape is not None:
@@ -81,6 +93,10 @@ class OutputAllocator:
             if static is not None:
                 arrays[i] = np.zeros(static, dtype=spec.element.dtype)
                 continue
+            tied = self._tied_shape(i, values)
+            if tied is not None:
+                arrays[i] = np.zeros(tied, dtype=spec.element.dtype)
+                continue
             if isinstance(spec, UnrankedSpec):
                 raise ShapeError(
                     f"{self.kernel}(): output '{name}' is {spec.mlir}, whose rank is unknown, so "
@@ -90,6 +106,24 @@ class OutputAllocator:
                 returned = self._returned_shapes(values)
             arrays[i] = np.zeros(self._shape(i, name, spec, returned[i], values), dtype=spec.element.dtype)
         return tuple(arrays)
+
+    def _tied_shape(self, i: int, values: Sequence[Any]) -> tuple[int, ...] | None:
+        """Output ``i``'s shape from the input dims tied to it; None unless every dim is tied and every
+        input it reads is an array (anything else is converted, once, by the checked path first)."""
+        sources = self._tied[i]
+        if sources is None:
+            return None
+        shape = []
+        for source in sources:
+            if isinstance(source, Dim):
+                value = values[source.arg]
+                if not isinstance(value, np.ndarray) or value.ndim <= source.dim:
+                    return None
+                shape.append(value.shape[source.dim])
+            else:
+                assert source is not None
+                shape.append(source)
+        return tuple(shape)
 
     def _returned_shapes(self, values: Sequence[Any]) -> tuple[Any, ...]:
         """What the decorated function returns, one entry (a shape or None) per output."""

@@ -21,6 +21,7 @@ from .allocation import OutputAllocator
 from .binders import Binder, CallState, ScalarBinder
 from .descriptors import align
 from .results import ResultReader
+from ..spec.shapes import ShapeRules
 from ..spec.signature import ArgSpec
 
 _WORD = 8
@@ -41,9 +42,12 @@ class _Frame:
 class CallPlan:
     """Packs arguments into a frame, calls the kernel and decodes its results."""
 
-    def __init__(self, binders: Sequence[Binder], n_inputs: int, allocator: OutputAllocator,
+    def __init__(self, binders: Sequence[Binder], n_inputs: int, allocator: OutputAllocator, shapes: ShapeRules,
                  results: Sequence[ArgSpec], address: int, keep_alive: Any) -> None:
         self.binders = tuple(binders)
+        self._shapes = shapes
+        self._kernel = binders[0].contract.kernel if binders else ""
+        self._names = tuple(b.contract.name for b in binders)
         self._inputs = self.binders[:n_inputs]
         self._outputs = self.binders[n_inputs:]
         self._allocator = allocator
@@ -110,6 +114,8 @@ class CallPlan:
         else:
             outputs = given
         checked += [binder.check(value, state) for binder, value in zip(self._outputs, outputs)]
+        self._shapes.check(self._kernel, self._names,
+                           [None if isinstance(b, ScalarBinder) else c.shape for b, c in zip(self.binders, checked)])
         packed: list[Any] = []
         for binder, value in zip(self.binders, checked):
             packed.extend(binder.pack(value, state))

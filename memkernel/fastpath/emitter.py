@@ -33,6 +33,7 @@ import numpy as np
 from mlir import ir
 
 from ..spec.contract import BufferContract, Contract, ScalarContract
+from ..spec.shapes import ShapeRules, Tie
 from ..spec.signature import ArgSpec, MemRefSpec, ScalarSpec
 from .abi import LAYOUT
 from .constants import FIRST_DTYPE, Slot
@@ -108,11 +109,13 @@ class _Emitter:
 
 
 class _Generator:
-    def __init__(self, name: str, contracts: Sequence[Contract], n_inputs: int,
+    def __init__(self, name: str, contracts: Sequence[Contract], n_inputs: int, ties: Sequence[Tie],
                  results: Sequence[ScalarSpec]) -> None:
         self.name = name
         self.contracts = contracts
         self.n_inputs = n_inputs
+        self.ties = ties
+        self.sizes: dict[int, list[str]] = {}
         self.results = results
         self.dtypes: list[np.dtype] = []
         self.e = _Emitter()
@@ -173,6 +176,7 @@ class _Generator:
         data = e.load(obj, "!llvm.ptr", LAYOUT.array_data)
         dims = e.load(obj, "!llvm.ptr", LAYOUT.array_dims)
         sizes = [e.load(dims, "i64", 8 * i) for i in range(rank)]
+        self.sizes[contract.index] = sizes
         conditions = [e.icmp("eq", sizes[i], e.const(want)) for i, want in contract.static_dims]
         if contract.needs_contiguous:
             strides = self._contiguous_strides(sizes)
@@ -261,6 +265,17 @@ class _Generator:
             return [value]
         return [e.value(f"llvm.trunc {value} : i64 to {llvm_type}")]
 
+    def _check_ties(self) -> None:
+        """The compiled form of :meth:`ShapeRules.check`'s ties: dims that must be equal, or a constant."""
+        e = self.e
+        conditions = []
+        for tie in self.ties:
+            size = self.sizes[tie.a.arg][tie.a.dim]
+            other = e.const(tie.size) if tie.b is None else self.sizes[tie.b.arg][tie.b.dim]
+            conditions.append(e.icmp("eq", size, other))
+        if conditions:
+            e.check(e.all_of(conditions))
+
     def _fabs(self, value: str) -> str:
         return self.e.value(f"llvm.intr.fabs({value}) : (f64) -> f64")
 
@@ -277,6 +292,7 @@ class _Generator:
             else:
                 operands += self._scalar(contract)
             types += lowered_argument_types(contract.spec)
+        self._check_ties()
         result_types = [r.element.llvm_type for r in self.results]
         if not result_types:
             returned = "!llvm.void"
@@ -313,17 +329,19 @@ llvm.func @{self.function}(%self: !llvm.ptr, %argv: !llvm.ptr, %nargs: i64) -> !
         return FastPath(text, self.function, self.consts, tuple(self.dtypes))
 
 
-def fast_path(name: str, contracts: Sequence[Contract], n_inputs: int,
+def fast_path(name: str, contracts: Sequence[Contract], n_inputs: int, shapes: ShapeRules,
               results: Sequence[ArgSpec]) -> FastPath | None:
     """The fast path for a kernel, or None if one of its argument kinds is not handled.
 
     ``contracts`` has one entry per MLIR argument; the first ``n_inputs`` come
-    from the inputs tuple, the others from the outputs tuple.
+    from the inputs tuple, the others from the outputs tuple. ``shapes``' ties
+    are checked in compiled code; a kernel with bounds (affine accesses, as in
+    convolutions) is left to the checked path, which checks them.
     """
     scalars = [r for r in results if isinstance(r, ScalarSpec)]
-    if not all(_handles(c) for c in contracts) or len(scalars) != len(results):
+    if not all(_handles(c) for c in contracts) or len(scalars) != len(results) or shapes.bounds:
         return None
-    return _Generator(name, contracts, n_inputs, scalars).generate()
+    return _Generator(name, contracts, n_inputs, shapes.ties, scalars).generate()
 
 
 def _function(module: ir.Module, name: str) -> ir.Operation | None:

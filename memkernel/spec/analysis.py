@@ -2,7 +2,8 @@
 
 :func:`analyse` reads the parsed source once: the function's signature, the
 Python parameters that name its leading arguments, which memrefs the kernel
-may write, and from those each argument's :mod:`contract <memkernel.spec.contract>`.
+may write, and from those each argument's :mod:`contract <memkernel.spec.contract>`,
+and which dims of the arguments must agree (:mod:`memkernel.spec.shapes`).
 Nothing at call time reads MLIR again.
 """
 
@@ -15,7 +16,8 @@ from typing import Any
 
 from ..errors import SignatureError
 from .contract import Contract, contract_for
-from .signature import ArgSpec, ScalarSpec, Signature, read_signature
+from .shapes import Dim, ShapeRules, ir_rules, named_rules
+from .signature import ArgSpec, MemRefSpec, ScalarSpec, Signature, read_signature
 from .source import MLIR_LOCK, ParsedSource
 from .writes import written_arguments
 
@@ -36,7 +38,7 @@ class KernelSpec:
     ``parameters`` are the Python function's parameters, naming the leading
     MLIR arguments; the trailing ones are outputs. ``written`` holds the
     indices of the memref arguments the kernel may write. ``contracts`` has
-    one entry per MLIR argument.
+    one entry per MLIR argument. ``shapes`` says which of their dims must agree.
     """
 
     name: str
@@ -44,6 +46,21 @@ class KernelSpec:
     parameters: tuple[inspect.Parameter, ...]
     written: frozenset[int]
     contracts: tuple[Contract, ...]
+    shapes: ShapeRules
+
+    @property
+    def argument_names(self) -> tuple[str, ...]:
+        """How messages call each MLIR argument: its parameter's name, ``out`` or ``out[i]``."""
+        return tuple(c.name for c in self.contracts)
+
+    def output_sources(self) -> list[tuple[Dim | int | None, ...] | None]:
+        """Per output, where each of its dims' sizes comes from (see :meth:`ShapeRules.source_of`)."""
+        args = self.signature.args
+        return [
+            tuple(self.shapes.source_of(Dim(i, k), self.n_inputs, args) for k in range(spec.rank))
+            if isinstance(spec, MemRefSpec) else None
+            for i, spec in enumerate(args) if i >= self.n_inputs
+        ]
 
     @property
     def n_inputs(self) -> int:
@@ -61,18 +78,25 @@ class KernelSpec:
     def python_signature(self) -> inspect.Signature:
         """The call signature, each parameter annotated with its MLIR type; ``out=`` when there are outputs."""
         args = self.signature.args
-        params = [p.replace(annotation=_TypeText(args[i].mlir)) for i, p in enumerate(self.parameters)]
-        outputs = self.outputs
+        params = [p.replace(annotation=_TypeText(self._shown(i))) for i, p in enumerate(self.parameters)]
+        outputs = range(self.n_inputs, len(args))
         if outputs:
             params.append(_PARAMETER("out", _PARAMETER.KEYWORD_ONLY, default=None,
-                                     annotation=_TypeText(" | ".join(["None", *(o.mlir for o in outputs)]))))
-        returned = [o.mlir for o in outputs] + [r.mlir for r in self.signature.results]
+                                     annotation=_TypeText(" | ".join(["None", *(args[i].mlir for i in outputs)]))))
+        returned = [self._shown(i) for i in outputs] + [r.mlir for r in self.signature.results]
         annotation: Any = inspect.Signature.empty
         if len(returned) == 1:
             annotation = _TypeText(returned[0])
         elif returned:
             annotation = _TypeText(f"tuple[{', '.join(returned)}]")
         return inspect.Signature(params, return_annotation=annotation)
+
+
+    def _shown(self, i: int) -> str:
+        """Argument ``i``'s MLIR type, with its dim names when the Python signature gives them."""
+        names = self.shapes.names.get(i)
+        mlir = self.signature.args[i].mlir
+        return f"{mlir} ({', '.join(names)})" if names else mlir
 
 
 def default_name(function: Callable[..., Any], parsed: ParsedSource) -> str:
@@ -133,10 +157,15 @@ def analyse(parsed: ParsedSource, function: Callable[..., Any], name: str) -> Ke
         signature = read_signature(parsed.function(name))
         written = written_arguments(parsed.module, name)
     parameters = _parameters(name, function, signature)
+    returned = inspect.signature(function).return_annotation
     n_inputs = len(parameters)
     names = [p.name for p in parameters] + output_names(len(signature.args) - n_inputs)
     contracts = tuple(
         contract_for(name, names[i], i, spec, is_output=i >= n_inputs, may_write=i in written)
         for i, spec in enumerate(signature.args)
     )
-    return KernelSpec(name, signature, parameters, written, contracts)
+    with MLIR_LOCK, parsed.context:
+        ties, bounds = ir_rules(parsed.module, name, signature.args)
+    named, names, outputs = named_rules(name, parameters, returned, signature.args)
+    shapes = ShapeRules(tuple(ties + named), tuple(bounds), names, outputs)
+    return KernelSpec(name, signature, parameters, written, contracts, shapes)

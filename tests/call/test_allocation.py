@@ -100,6 +100,32 @@ func.func @transpose_colsum(%a: memref<?x3xf32>, %t: memref<3x?xf32>, %s: memref
 """
 
 # Two outputs of the inputs' shape pattern: a + b and a - b.
+# c[i, j] = i * cols + j over c's own dims: nothing ties c to a or b, so only the body can shape it.
+IOTA_2D = """
+func.func @iota2d(%a: memref<?x?xf32>, %b: memref<?x?xf32>, %c: memref<?x?xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %m = memref.dim %c, %c0 : memref<?x?xf32>
+  %n = memref.dim %c, %c1 : memref<?x?xf32>
+  scf.for %i = %c0 to %m step %c1 {
+    scf.for %j = %c0 to %n step %c1 {
+      %k = arith.muli %i, %n : index
+      %l = arith.addi %k, %j : index
+      %x = arith.index_cast %l : index to i64
+      %f = arith.sitofp %x : i64 to f32
+      memref.store %f, %c[%i, %j] : memref<?x?xf32>
+    }
+  }
+  return
+}
+"""
+
+UNTIED_TWO_OUTPUTS = """
+func.func @untied_two(%a: memref<?xf32>, %b: memref<?xf32>, %s: memref<?xf32>, %d: memref<?xf32>) {
+  return
+}
+"""
+
 ADD_SUB = """
 func.func @add_sub(%a: memref<?x{T}>, %b: memref<?x{T}>, %s: memref<?x{T}>, %d: memref<?x{T}>) {{
   linalg.add ins(%a, %b : memref<?x{T}>, memref<?x{T}>) outs(%s : memref<?x{T}>)
@@ -487,28 +513,40 @@ def test_same_array_passed_twice_in_place_is_one_buffer(make_view, rng):
 
 def test_body_is_called_with_the_call_arguments(rng):
     recorder = Recorder(lambda a, b: (a.shape[0], b.shape[1]))
-    matmul = kernel(DYNAMIC_MATMUL, "dynamic_matmul", lambda a, b: recorder.body(a, b), "f32")
+    iota = kernel(IOTA_2D, "iota2d", lambda a, b: recorder.body(a, b))
     a, b = ints(rng, (2, 3), np.float32), ints(rng, (3, 4), np.float32)
-    matmul(a, b)
+    np.testing.assert_array_equal(iota(a, b), np.arange(8, dtype=np.float32).reshape(2, 4))
     assert len(recorder.calls) == 1
     assert recorder.calls[0][0] is a and recorder.calls[0][1] is b
 
 
 def test_body_receives_keyword_arguments_in_parameter_order(rng):
     recorder = Recorder(lambda a, b: (a.shape[0], b.shape[1]))
-    matmul = kernel(DYNAMIC_MATMUL, "dynamic_matmul", lambda a, b: recorder.body(a, b), "f32")
+    iota = kernel(IOTA_2D, "iota2d", lambda a, b: recorder.body(a, b))
     a, b = ints(rng, (2, 3), np.float32), ints(rng, (3, 4), np.float32)
-    np.testing.assert_array_equal(matmul(b=b, a=a), a @ b)
+    np.testing.assert_array_equal(iota(b=b, a=a), np.arange(8, dtype=np.float32).reshape(2, 4))
     assert recorder.calls[0][0] is a and recorder.calls[0][1] is b
 
 
 def test_body_is_called_once_per_call_for_several_dynamic_outputs(rng):
     recorder = Recorder()
-    k = kernel(ADD_SUB, "add_sub", lambda a, b: recorder.body(a, b), "f32")
+    k = kernel(UNTIED_TWO_OUTPUTS, "untied_two", lambda a, b: recorder.body(a, b))
     a, b = ints(rng, (4,), np.float32), ints(rng, (4,), np.float32)
     k(a, b)
     k(a, b)
     assert len(recorder.calls) == 2
+
+
+@pytest.mark.parametrize("source, name", [(DYNAMIC_MATMUL, "dynamic_matmul"), (ADD_SUB, "add_sub")])
+def test_body_is_not_called_when_the_kernels_ties_give_every_output_dim(source, name, rng):
+    recorder = Recorder()
+    k = kernel(source, name, lambda a, b: recorder.body(a, b), "f32")
+    shapes = ((2, 3), (3, 4)) if name == "dynamic_matmul" else ((4,), (4,))
+    a, b = ints(rng, shapes[0], np.float32), ints(rng, shapes[1], np.float32)
+    expected = a @ b if name == "dynamic_matmul" else (a + b, a - b)
+    for got, want in zip(k(a, b) if name == "add_sub" else (k(a, b),), expected if name == "add_sub" else (expected,)):
+        np.testing.assert_array_equal(got, want)
+    assert recorder.calls == []
 
 
 def test_body_is_not_called_when_every_output_is_static(rng):

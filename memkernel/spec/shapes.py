@@ -1,0 +1,374 @@
+"""Which dims of a kernel's arguments must agree: read off its IR, and from the dims the user names.
+
+A kernel compiled for ``memref<?xf32>`` reads and writes as many elements as
+its loops say, whatever the arrays hold: nothing in the compiled code checks
+that ``a``, ``b`` and ``out`` of an elementwise add have the same length. The
+IR says it, though. Every linalg structured op (named ops are generalized
+first) maps its loop dims to its operands' dims through indexing maps; two
+operand dims given by the same loop dim must be equal, and an operand dim
+given by a sum (a convolution's ``oh + kh``) must be large enough for every
+index the loops reach. ``memref.copy`` and elementwise ``arith``/``math`` ops
+on tensors tie every dim of their operands. Only operands that are function
+arguments count, directly or through shape-preserving casts.
+
+Named dims add what the IR does not say: ``def scale(x: "N", s, y: "N")``
+ties ``x`` dim 0 to ``y`` dim 0, and ``-> "M N"`` names an allocated output's
+dims.
+
+The result is a :class:`ShapeRules`: ties (pairs of dims that must be equal,
+or a dim and a constant), bounds (a dim at least as large as an affine sum of
+others), and for each output dim where its size can be taken from. Both call
+paths check the ties before every call; the checked path checks the bounds.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mlir import ir, passmanager
+
+from ..errors import ShapeError, SignatureError
+from .signature import ArgSpec, MemRefSpec
+
+_SHAPE_PRESERVING = frozenset({"memref.cast", "tensor.cast", "bufferization.to_tensor", "bufferization.to_buffer"})
+_CONDITIONAL = frozenset({"scf.if", "scf.index_switch"})
+
+
+@dataclass(frozen=True)
+class Dim:
+    """Dim ``dim`` of MLIR argument ``arg``."""
+
+    arg: int
+    dim: int
+
+
+@dataclass(frozen=True)
+class Tie:
+    """Two dims that must be equal (``b`` None: ``a`` must equal ``size``).
+
+    ``reason`` is what requires it: ``@add's linalg.generic``, or a dim name.
+    ``named`` tells which of the two the reason is.
+    """
+
+    a: Dim
+    b: Dim | None
+    reason: str
+    named: bool = False
+    size: int = 0
+
+
+@dataclass(frozen=True)
+class Bound:
+    """``target``'s size must be at least ``sum(coefficient * (size(dim) - 1)) + constant + 1``
+    whenever every ``dim`` of ``terms`` is non-empty: the largest index an affine access reaches."""
+
+    target: Dim
+    terms: tuple[tuple[int, Dim], ...]
+    constant: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class ShapeRules:
+    """The shape constraints of one kernel's arguments."""
+
+    ties: tuple[Tie, ...]
+    bounds: tuple[Bound, ...]
+    names: dict[int, tuple[str, ...]]
+    output_names: tuple[tuple[str, ...] | None, ...]
+
+    def source_of(self, dim: Dim, n_inputs: int, specs: Sequence[ArgSpec]) -> Dim | int | None:
+        """Where an output dim's size comes from: an input's dim, a static size, or None if nothing says."""
+        seen, todo = {dim}, [dim]
+        while todo:
+            current = todo.pop()
+            spec = specs[current.arg]
+            if isinstance(spec, MemRefSpec) and spec.shape[current.dim] is not None:
+                return spec.shape[current.dim]
+            if current.arg < n_inputs:
+                return current
+            for tie in self.ties:
+                if tie.b is None and tie.a == current:
+                    return tie.size
+                for x, y in ((tie.a, tie.b), (tie.b, tie.a)):
+                    if x == current and y is not None and y not in seen:
+                        seen.add(y)
+                        todo.append(y)
+        return None
+
+    def check(self, kernel: str, names: Sequence[str], shapes: Sequence[tuple[int, ...] | None]) -> None:
+        """Raise a ShapeError naming the arguments, dims and sizes of the first rule ``shapes`` break."""
+        for tie in self.ties:
+            first = shapes[tie.a.arg]
+            if first is None:
+                continue
+            if tie.b is None:
+                if first[tie.a.dim] != tie.size:
+                    raise ShapeError(
+                        f"{kernel}(): {names[tie.a.arg]} has {first[tie.a.dim]} elements on dim {tie.a.dim} but "
+                        f"{tie.reason} is {tie.size}. Pass {names[tie.a.arg]} with dim {tie.a.dim} == {tie.size}."
+                    )
+                continue
+            second = shapes[tie.b.arg]
+            if second is None or first[tie.a.dim] == second[tie.b.dim]:
+                continue
+            x, y = first[tie.a.dim], second[tie.b.dim]
+            if tie.named:
+                raise ShapeError(
+                    f"{kernel}(): {tie.reason} is {x} from {names[tie.a.arg]} but {y} from {names[tie.b.arg]} "
+                    f"(dims {tie.a.dim} and {tie.b.dim}); every dim named {tie.reason} must have one size."
+                )
+            raise ShapeError(
+                f"{kernel}(): {names[tie.a.arg]} has {x} elements on dim {tie.a.dim} but {names[tie.b.arg]} has {y} "
+                f"on dim {tie.b.dim}; {tie.reason} needs them equal."
+            )
+        for bound in self.bounds:
+            self._check_bound(kernel, names, shapes, bound)
+
+    @staticmethod
+    def _check_bound(kernel: str, names: Sequence[str], shapes: Sequence[tuple[int, ...] | None],
+                     bound: Bound) -> None:
+        target = shapes[bound.target.arg]
+        sizes = [shapes[d.arg] for _, d in bound.terms]
+        if target is None or any(s is None for s in sizes):
+            return
+        lengths = [s[d.dim] for s, (_, d) in zip(sizes, bound.terms) if s is not None]
+        if any(n == 0 for n in lengths):
+            return
+        needed = sum(c * (n - 1) for (c, _), n in zip(bound.terms, lengths)) + bound.constant + 1
+        have = target[bound.target.dim]
+        if have < needed:
+            given = ", ".join(f"{names[d.arg]} dim {d.dim} = {n}" for (_, d), n in zip(bound.terms, lengths))
+            raise ShapeError(
+                f"{kernel}(): {names[bound.target.arg]} has {have} elements on dim {bound.target.dim} but "
+                f"{bound.reason} reads up to index {needed - 1} there ({given}); pass at least {needed}."
+            )
+
+
+# -- the IR's ties ----------------------------------------------------------------
+
+
+def _argument_of(value: ir.Value, entry: ir.Block) -> int | None:
+    """The kernel argument ``value`` is, directly or through shape-preserving casts."""
+    while True:
+        if isinstance(value, ir.BlockArgument):
+            return value.arg_number if value.owner == entry else None
+        owner = value.owner
+        if not isinstance(owner, ir.Operation) or owner.name not in _SHAPE_PRESERVING:
+            return None
+        value = owner.operands[0]
+
+
+def _unconditional(op: ir.Operation, function: ir.Operation) -> bool:
+    """Whether ``op`` runs on every call: in the function's entry block, inside no ``scf.if``."""
+    parent = op.parent
+    while parent is not None and parent != function:
+        if parent.name in _CONDITIONAL or parent.name == "func.func":
+            return False
+        parent = parent.parent
+    return parent is not None
+
+
+def _linear(expr: ir.AffineExpr) -> tuple[dict[int, int], int] | None:
+    """``expr`` as ``{loop dim: coefficient}`` and a constant; None if it is not a non-negative linear sum."""
+    if isinstance(expr, ir.AffineDimExpr):
+        return {expr.position: 1}, 0
+    if isinstance(expr, ir.AffineConstantExpr):
+        return ({}, expr.value) if expr.value >= 0 else None
+    if isinstance(expr, ir.AffineAddExpr):
+        left, right = _linear(expr.lhs), _linear(expr.rhs)
+        if left is None or right is None:
+            return None
+        terms = dict(left[0])
+        for d, c in right[0].items():
+            terms[d] = terms.get(d, 0) + c
+        return terms, left[1] + right[1]
+    if isinstance(expr, ir.AffineMulExpr):
+        for factor, other in ((expr.lhs, expr.rhs), (expr.rhs, expr.lhs)):
+            if isinstance(factor, ir.AffineConstantExpr) and factor.value >= 0:
+                inner = _linear(other)
+                if inner is None:
+                    return None
+                return {d: c * factor.value for d, c in inner[0].items()}, inner[1] * factor.value
+    return None
+
+
+class _Collector:
+    def __init__(self, kernel: str, entry: ir.Block, ranks: Sequence[int | None]) -> None:
+        self.kernel = kernel
+        self.entry = entry
+        self.ranks = ranks
+        self.ties: list[Tie] = []
+        self.bounds: list[Bound] = []
+
+    def tie(self, a: Dim, b: Dim, reason: str) -> None:
+        if a != b:
+            self.ties.append(Tie(a, b, reason))
+
+    def _arguments(self, values: Sequence[ir.Value]) -> list[int | None]:
+        found = []
+        for value in values:
+            arg = _argument_of(value, self.entry)
+            found.append(arg if arg is not None and self.ranks[arg] is not None else None)
+        return found
+
+    def structured(self, op: ir.Operation, reason: str) -> None:
+        maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
+        args = self._arguments(list(op.operands)[:len(maps)])
+        loop_dims: dict[int, Dim] = {}
+        affine: list[tuple[Dim, dict[int, int], int]] = []
+        for arg, amap in zip(args, maps):
+            if arg is None:
+                continue
+            for k, expr in enumerate(amap.results):
+                here = Dim(arg, k)
+                if isinstance(expr, ir.AffineDimExpr):
+                    first = loop_dims.setdefault(expr.position, here)
+                    if first != here:
+                        self.tie(first, here, reason)
+                    continue
+                linear = _linear(expr)
+                if linear is not None and linear[0]:
+                    affine.append((here, linear[0], linear[1]))
+        for target, terms, constant in affine:
+            if all(d in loop_dims for d in terms):
+                self.bounds.append(Bound(target, tuple((c, loop_dims[d]) for d, c in sorted(terms.items())),
+                                         constant, reason))
+
+    def all_dims(self, op: ir.Operation, reason: str) -> None:
+        args = [a for a in self._arguments(list(op.operands)) if a is not None]
+        for other in args[1:]:
+            rank = self.ranks[args[0]]
+            if rank is not None and rank == self.ranks[other]:
+                for k in range(rank):
+                    self.tie(Dim(args[0], k), Dim(other, k), reason)
+
+
+def _is_elementwise_on_tensors(op: ir.Operation) -> bool:
+    return (op.name.startswith(("arith.", "math.")) and len(op.operands) > 1
+            and all(isinstance(v.type, ir.RankedTensorType) for v in op.operands))
+
+
+def ir_rules(module: ir.Module, function: str, specs: Sequence[ArgSpec]) -> tuple[list[Tie], list[Bound]]:
+    """The ties and bounds that ``func.func @function``'s ops put on its arguments.
+
+    Works on a copy of the module with linalg's named ops generalized, so that
+    every structured op shows its indexing maps.
+    """
+    original = _structured_names(module)
+    copy = module.operation.clone()
+    passmanager.PassManager.parse("builtin.module(func.func(linalg-generalize-named-ops))",
+                                  module.context).run(copy.operation)
+    func = next(op.operation for op in copy.regions[0].blocks[0].operations
+                if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == function)
+    entry = func.regions[0].blocks[0]
+    ranks = [s.rank if isinstance(s, MemRefSpec) else None for s in specs]
+    collector = _Collector(function, entry, ranks)
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op == func or not _unconditional(op, func):
+            return ir.WalkResult.ADVANCE
+        if op.name.startswith("linalg.") and "indexing_maps" in op.attributes:
+            collector.structured(op, f"@{function}'s {original.get(str(op.location), op.name)}")
+        elif op.name in ("memref.copy",) or _is_elementwise_on_tensors(op):
+            collector.all_dims(op, f"@{function}'s {op.name}")
+        return ir.WalkResult.ADVANCE
+
+    func.walk(visit)
+    return collector.ties, collector.bounds
+
+
+def _structured_names(module: ir.Module) -> dict[str, str]:
+    """The linalg ops of ``module`` by location: what a generalized op was called before."""
+    names: dict[str, str] = {}
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name.startswith("linalg."):
+            names.setdefault(str(op.location), op.name)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return names
+
+
+# -- named dims -------------------------------------------------------------------
+
+
+def _pattern(annotation: Any) -> Any:
+    """An annotation as written: a string literal under ``from __future__ import annotations`` is unquoted."""
+    if isinstance(annotation, str):
+        try:
+            value = ast.literal_eval(annotation)
+        except (ValueError, SyntaxError):
+            return annotation
+        return value if isinstance(value, (str, tuple)) else annotation
+    return annotation
+
+
+def _tokens(kernel: str, pattern: str, where: str, spec: ArgSpec | None) -> tuple[str, ...]:
+    tokens = tuple(pattern.replace(",", " ").split())
+    for token in tokens:
+        if not (token.isidentifier() or token.isdigit()):
+            raise SignatureError(
+                f"{kernel}(): {where} is annotated {pattern!r}: a dim pattern is names, numbers and _ "
+                f"separated by spaces, e.g. \"M K\"."
+            )
+    if not isinstance(spec, MemRefSpec):
+        raise SignatureError(f"{kernel}(): {where} is annotated {pattern!r} but is not a ranked memref or tensor.")
+    if len(tokens) != spec.rank:
+        raise SignatureError(
+            f"{kernel}(): {where} is annotated {pattern!r}, {len(tokens)} dims, but its type {spec.mlir} "
+            f"has {spec.rank}."
+        )
+    for k, (token, size) in enumerate(zip(tokens, spec.shape)):
+        if token.isdigit() and size is not None and int(token) != size:
+            raise SignatureError(
+                f"{kernel}(): {where} is annotated {pattern!r}, dim {k} = {token}, but its type {spec.mlir} "
+                f"fixes dim {k} to {size}."
+            )
+    return tokens
+
+
+def named_rules(kernel: str, parameters: Sequence[inspect.Parameter], returned: Any,
+                specs: Sequence[ArgSpec]) -> tuple[list[Tie], dict[int, tuple[str, ...]], tuple[Any, ...]]:
+    """The ties the dim names of the Python signature put on the arguments, the names per argument,
+    and the names of each output (None where the return annotation names none)."""
+    names: dict[int, tuple[str, ...]] = {}
+    for i, p in enumerate(parameters):
+        pattern = _pattern(p.annotation)
+        if isinstance(pattern, str):
+            names[i] = _tokens(kernel, pattern, f"parameter '{p.name}'", specs[i])
+    n_outputs = len(specs) - len(parameters)
+    pattern = _pattern(returned)
+    outputs: tuple[Any, ...] = (None,) * n_outputs
+    if pattern is not inspect.Signature.empty and isinstance(pattern, (str, tuple)):
+        patterns = (pattern,) if isinstance(pattern, str) else pattern
+        if n_outputs == 0 or len(patterns) != n_outputs or not all(isinstance(x, str) for x in patterns):
+            raise SignatureError(
+                f"{kernel}(): the return annotation {pattern!r} must name the dims of the {n_outputs} output(s) "
+                "the call allocates: a string for one, a tuple of strings for several."
+            )
+        outputs = tuple(_tokens(kernel, x, f"output {j}", specs[len(parameters) + j])
+                        for j, x in enumerate(patterns))
+        for j, tokens in enumerate(outputs):
+            names[len(parameters) + j] = tokens
+    ties: list[Tie] = []
+    first: dict[str, Dim] = {}
+    for arg, tokens in sorted(names.items()):
+        for k, token in enumerate(tokens):
+            here = Dim(arg, k)
+            if token == "_":
+                continue
+            if token.isdigit():
+                if isinstance(specs[arg], MemRefSpec) and specs[arg].shape[k] is None:  # type: ignore[union-attr]
+                    ties.append(Tie(here, None, f"its annotation {' '.join(tokens)!r}", size=int(token)))
+                continue
+            if token in first:
+                ties.append(Tie(first[token], here, token, named=True))
+            else:
+                first[token] = here
+    return ties, names, outputs

@@ -1,0 +1,313 @@
+"""Dims that must agree: read off the IR and from named dims, checked before every call, used to allocate."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from memkernel import ShapeError, SignatureError, mlir_kernel
+
+REPO = str(Path(__file__).resolve().parents[2])
+F32 = np.float32
+
+ADD = """func.func @add(%a: memref<?xf32>, %b: memref<?xf32>, %out: memref<?xf32>) {
+  linalg.elementwise kind=#linalg.elementwise_kind<add>
+      ins(%a, %b : memref<?xf32>, memref<?xf32>) outs(%out : memref<?xf32>)
+  return
+}"""
+
+MATMUL = """func.func @matmul(%a: memref<?x?xf32>, %b: memref<?x?xf32>, %c: memref<?x?xf32>) {
+  linalg.matmul ins(%a, %b : memref<?x?xf32>, memref<?x?xf32>) outs(%c : memref<?x?xf32>)
+  return
+}"""
+
+# c[i, j] = a[i]: c dim 0 is tied to a dim 0, c dim 1 to nothing.
+SPREAD = """func.func @spread(%a: memref<?xf32>, %c: memref<?x?xf32>) {
+  linalg.generic {indexing_maps = [affine_map<(i, j) -> (i)>, affine_map<(i, j) -> (i, j)>],
+                  iterator_types = ["parallel", "parallel"]}
+      ins(%a : memref<?xf32>) outs(%c : memref<?x?xf32>) {
+  ^bb0(%x: f32, %y: f32):
+    linalg.yield %x : f32
+  }
+  return
+}"""
+
+CONV = """func.func @conv(%i: memref<?x?x?x?xf32>, %f: memref<?x?x?x?xf32>, %o: memref<?x?x?x?xf32>) {
+  linalg.conv_2d_nhwc_hwcf ins(%i, %f : memref<?x?x?x?xf32>, memref<?x?x?x?xf32>)
+      outs(%o : memref<?x?x?x?xf32>)
+  return
+}"""
+
+TENSOR_ADD = """func.func @tadd(%a: tensor<?xf32>, %b: tensor<?xf32>) -> tensor<?xf32> {
+  %r = arith.addf %a, %b : tensor<?xf32>
+  return %r : tensor<?xf32>
+}"""
+
+COPY = """func.func @copy(%a: memref<?x?xf32>, %b: memref<?x?xf32>) {
+  memref.copy %a, %b : memref<?x?xf32> to memref<?x?xf32>
+  return
+}"""
+
+CAST_THEN_ADD = """func.func @add(%a: memref<?xf32>, %b: memref<?xf32>, %out: memref<?xf32>) {
+  %c = memref.cast %b : memref<?xf32> to memref<?xf32>
+  linalg.add ins(%a, %c : memref<?xf32>, memref<?xf32>) outs(%out : memref<?xf32>)
+  return
+}"""
+
+CONDITIONAL_COPY = """func.func @maybe(%a: memref<?xf32>, %b: memref<?xf32>, %go: i1) {
+  scf.if %go {
+    linalg.copy ins(%a : memref<?xf32>) outs(%b : memref<?xf32>)
+  }
+  return
+}"""
+
+# Loops bounded by memref.dim: the IR ties nothing, the named dims do.
+SCALE = """func.func @scale(%x: memref<?xf32>, %s: f32, %y: memref<?xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %n = memref.dim %x, %c0 : memref<?xf32>
+  scf.for %i = %c0 to %n step %c1 {
+    %v = memref.load %x[%i] : memref<?xf32>
+    %w = arith.mulf %v, %s : f32
+    memref.store %w, %y[%i] : memref<?xf32>
+  }
+  return
+}"""
+
+UNTIED_MATMUL = """func.func @matmul(%a: memref<?x?xf32>, %b: memref<?x?xf32>, %c: memref<?x?xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %m = memref.dim %a, %c0 : memref<?x?xf32>
+  %k = memref.dim %a, %c1 : memref<?x?xf32>
+  %n = memref.dim %b, %c1 : memref<?x?xf32>
+  scf.for %i = %c0 to %m step %c1 {
+    scf.for %j = %c0 to %n step %c1 {
+      scf.for %l = %c0 to %k step %c1 {
+        %x = memref.load %a[%i, %l] : memref<?x?xf32>
+        %y = memref.load %b[%l, %j] : memref<?x?xf32>
+        %acc = memref.load %c[%i, %j] : memref<?x?xf32>
+        %p = arith.mulf %x, %y : f32
+        %s = arith.addf %acc, %p : f32
+        memref.store %s, %c[%i, %j] : memref<?x?xf32>
+      }
+    }
+  }
+  return
+}"""
+
+
+@pytest.fixture(scope="module")
+def add():
+    return mlir_kernel(ADD)(lambda a, b: None)
+
+
+def ones(n: int) -> np.ndarray:
+    return np.ones(n, F32)
+
+
+def test_a_too_small_out_is_a_shape_error_naming_both_arguments(add):
+    with pytest.raises(ShapeError, match=re.escape(
+            "add(): a has 6 elements on dim 0 but out has 1 on dim 0; @add's linalg.elementwise needs them equal.")):
+        add(ones(6), ones(6), out=np.zeros(1, F32))
+
+
+def test_a_view_as_out_is_never_written_past(add):
+    big = np.zeros(12, F32)
+    with pytest.raises(ShapeError, match="out has 5 on dim 0"):
+        add(ones(6), ones(6), out=big[:5])
+    assert not big.any()
+
+
+def test_a_short_input_is_never_read_past(add):
+    with pytest.raises(ShapeError, match="a has 6 elements on dim 0 but b has 3"):
+        add(np.arange(6, dtype=F32), ones(3), out=np.zeros(6, F32))
+
+
+def test_the_issues_crashing_call_is_an_error_in_a_live_process():
+    script = "\n".join([
+        "import numpy as np",
+        "from memkernel import ShapeError, mlir_kernel",
+        f"add = mlir_kernel({ADD!r})(lambda a, b: None)",
+        "try:",
+        "    add(np.ones(10**7, np.float32), np.ones(10**7, np.float32), out=np.zeros(1, np.float32))",
+        "except ShapeError as exc:",
+        "    print('ShapeError:', exc)",
+    ])
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert "a has 10000000 elements on dim 0 but out has 1" in done.stdout
+
+
+def test_an_object_that_changes_shape_between_conversions_cannot_overflow(add):
+    class Liar:
+        """Answers 6 elements, then 2, then 6, ... on each conversion."""
+
+        conversions = 0
+
+        def __array__(self, dtype=None, copy=None):
+            Liar.conversions += 1
+            return np.full(6 if Liar.conversions % 2 else 2, 5, F32)
+
+    guarded = np.zeros(8, F32)
+    for _ in range(6):
+        for out in (None, guarded[:6]):
+            try:
+                result = add(Liar(), ones(6), out=out)
+            except ShapeError as exc:
+                assert "a has 2 elements on dim 0 but b has 6" in str(exc)
+            else:
+                np.testing.assert_array_equal(result, np.full(6, 6, F32))
+    assert not guarded[6:].any()
+
+
+def test_matching_calls_take_their_output_from_the_ties(add):
+    a, b = np.arange(6, dtype=F32), np.full(6, 2, F32)
+    np.testing.assert_array_equal(add(a, b), a + b)
+
+
+def test_matmul_needs_no_shape_function():
+    matmul = mlir_kernel(MATMUL)(lambda a, b: None)
+    rng = np.random.default_rng(0)
+    a, b = rng.integers(-3, 4, (4, 3)).astype(F32), rng.integers(-3, 4, (3, 5)).astype(F32)
+    np.testing.assert_array_equal(matmul(a, b), a @ b)
+    with pytest.raises(ShapeError, match=re.escape(
+            "matmul(): a has 3 elements on dim 1 but b has 5 on dim 0; @matmul's linalg.matmul needs them equal.")):
+        matmul(a, b.T.copy())
+    with pytest.raises(ShapeError, match="a has 4 elements on dim 0 but out has 5"):
+        matmul(a, b, out=np.zeros((5, 5), F32))
+
+
+def test_a_shape_functions_answer_is_checked_against_the_ties():
+    spread = mlir_kernel(SPREAD)(lambda a: (2, 3))
+    with pytest.raises(ShapeError, match="a has 6 elements on dim 0 but out has 2 on dim 0"):
+        spread(ones(6))
+    fitting = mlir_kernel(SPREAD)(lambda a: (a.shape[0], 3))
+    a = np.arange(4, dtype=F32)
+    np.testing.assert_array_equal(fitting(a), np.repeat(a[:, None], 3, axis=1))
+
+
+def test_a_convolution_input_smaller_than_its_window_is_refused():
+    conv = mlir_kernel(CONV)(lambda i, f: None)
+    image, window = np.ones((1, 5, 5, 2), F32), np.ones((3, 3, 2, 4), F32)
+    with pytest.raises(ShapeError, match=re.escape(
+            "conv(): i has 5 elements on dim 1 but @conv's linalg.conv_2d_nhwc_hwcf reads up to index 5 there "
+            "(out dim 1 = 4, f dim 0 = 3); pass at least 6.")):
+        conv(image, window, out=np.zeros((1, 4, 3, 4), F32))
+    out = np.zeros((1, 3, 3, 4), F32)
+    conv(image, window, out=out)
+    np.testing.assert_array_equal(out, np.full((1, 3, 3, 4), 18, F32))
+
+
+def test_tensor_arguments_used_together_are_tied():
+    tadd = mlir_kernel(TENSOR_ADD)(lambda a, b: None)
+    with pytest.raises(ShapeError, match="a has 4 elements on dim 0 but b has 3 on dim 0; @tadd's arith.addf"):
+        tadd(ones(4), ones(3))
+    np.testing.assert_array_equal(tadd(np.arange(3, dtype=F32), ones(3)), np.arange(3) + 1)
+
+
+def test_memref_copy_ties_every_dim():
+    copy = mlir_kernel(COPY)(lambda a, b: None)
+    with pytest.raises(ShapeError, match="a has 3 elements on dim 1 but b has 4 on dim 1; @copy's memref.copy"):
+        copy(np.ones((2, 3), F32), np.zeros((2, 4), F32))
+
+
+def test_a_cast_of_an_argument_is_still_that_argument():
+    add = mlir_kernel(CAST_THEN_ADD)(lambda a, b: None)
+    with pytest.raises(ShapeError, match="a has 2 elements on dim 0 but b has 3"):
+        add(ones(2), ones(3))
+
+
+def test_an_op_under_scf_if_ties_nothing():
+    maybe = mlir_kernel(CONDITIONAL_COPY)(lambda a, b, go: None)
+    b = np.zeros(2, F32)
+    maybe(ones(5), b, False)
+    assert not b.any()
+
+
+def test_named_dims_tie_what_the_ir_does_not():
+    @mlir_kernel(SCALE)
+    def scale(x: "N", s, y: "N"): ...
+
+    with pytest.raises(ShapeError, match=re.escape(
+            "scale(): N is 3 from x but 4 from y (dims 0 and 0); every dim named N must have one size.")):
+        scale(ones(3), 2.0, np.zeros(4, F32))
+    y = np.zeros(3, F32)
+    scale(np.arange(3, dtype=F32), 2.0, y)
+    np.testing.assert_array_equal(y, np.arange(3) * 2)
+
+
+def test_named_dims_shape_an_allocated_output():
+    @mlir_kernel(UNTIED_MATMUL)
+    def matmul(a: "M K", b: "K N") -> "M N": ...
+
+    rng = np.random.default_rng(1)
+    a, b = rng.integers(-3, 4, (2, 3)).astype(F32), rng.integers(-3, 4, (3, 4)).astype(F32)
+    np.testing.assert_array_equal(matmul(a, b), a @ b)
+    with pytest.raises(ShapeError, match="K is 3 from a but 2 from b"):
+        matmul(a, np.ones((2, 4), F32))
+
+
+def test_named_dims_show_in_the_signature_and_repr():
+    @mlir_kernel(UNTIED_MATMUL)
+    def matmul(a: "M K", b: "K N") -> "M N": ...
+
+    shown = "matmul(a: memref<?x?xf32> (M, K), b: memref<?x?xf32> (K, N), *, out: None | memref<?x?xf32> = None)" \
+            " -> memref<?x?xf32> (M, N)"
+    assert str(inspect.signature(matmul)) == shown[len("matmul"):]
+    assert repr(matmul) == f"<memkernel.Kernel {shown}>"
+
+
+def test_a_number_on_a_dynamic_dim_is_checked_at_the_call():
+    @mlir_kernel(SCALE)
+    def scale(x: "4", s, y: "_"): ...
+
+    with pytest.raises(ShapeError, match=re.escape("x has 3 elements on dim 0 but its annotation '4' is 4")):
+        scale(ones(3), 1.0, np.zeros(3, F32))
+
+
+def test_several_outputs_take_a_tuple_of_patterns():
+    source = """func.func @two(%a: memref<?xf32>, %b: memref<?xf32>, %c: memref<?x?xf32>) { return }"""
+
+    @mlir_kernel(source)
+    def two(a: "N") -> ("N", "N 2"): ...
+
+    first, second = two(ones(3))
+    assert first.shape == (3,) and second.shape == (3, 2)
+
+
+@pytest.mark.parametrize("annotation, message", [
+    ('"M K"', "parameter 'x' is annotated 'M K', 2 dims, but its type memref<?xf32> has 1."),
+    ('"M-1"', "a dim pattern is names, numbers and _ separated by spaces"),
+])
+def test_a_named_dim_pattern_that_does_not_fit_is_refused_at_decoration(annotation, message):
+    namespace: dict = {}
+    exec(f"def scale(x: {annotation}, s, y): ...", namespace)
+    with pytest.raises(SignatureError, match=re.escape(message)):
+        mlir_kernel(SCALE)(namespace["scale"])
+
+
+def test_a_number_contradicting_a_static_dim_is_refused_at_decoration():
+    def k(a: "5"): ...
+
+    with pytest.raises(SignatureError, match=re.escape("fixes dim 0 to 4")):
+        mlir_kernel("func.func @k(%a: memref<4xf32>) { return }")(k)
+
+
+def test_a_named_scalar_is_refused_at_decoration():
+    def scale(x, s: "N", y): ...
+
+    with pytest.raises(SignatureError, match="parameter 's' is annotated 'N' but is not a ranked memref"):
+        mlir_kernel(SCALE)(scale)
+
+
+def test_a_return_pattern_without_outputs_is_refused_at_decoration():
+    def scale(x, s, y) -> "N": ...
+
+    with pytest.raises(SignatureError, match=re.escape("must name the dims of the 0 output(s)")):
+        mlir_kernel(SCALE)(scale)
