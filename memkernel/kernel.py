@@ -15,6 +15,7 @@ import hashlib
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .call.allocation import OutputAllocator
@@ -37,6 +38,27 @@ from .spec.signature import MemRefSpec, Signature
 from .spec.source import MLIR_LOCK, parse_source
 
 
+@dataclass(frozen=True)
+class KernelOptions:
+    """What :func:`mlir_kernel` was given, as given: enough to make the same kernel again elsewhere."""
+
+    source: str
+    name: str | None
+    pipeline: str | None
+    opt_level: int
+    shared_libs: tuple[str | os.PathLike[str], ...]
+    cache: bool
+    callbacks: dict[str, Callable[..., Any]]
+    capture_output: bool | None
+    parallel: bool
+
+    def decorator(self) -> Callable[[Callable[..., Any]], Kernel]:
+        """The :func:`mlir_kernel` decorator these options make."""
+        return mlir_kernel(self.source, name=self.name, pipeline=self.pipeline, opt_level=self.opt_level,
+                           shared_libs=self.shared_libs, cache=self.cache, callbacks=self.callbacks or None,
+                           capture_output=self.capture_output, parallel=self.parallel)
+
+
 class Kernel:
     """An MLIR function callable like a numpy function. Made by :func:`mlir_kernel`.
 
@@ -48,7 +70,8 @@ class Kernel:
 
     ``kernel.spec`` is what decoration read (see
     :class:`~memkernel.spec.analysis.KernelSpec`); ``kernel.invoker`` the
-    compiled call (see :class:`~memkernel.call.invoker.Invoker`).
+    compiled call (see :class:`~memkernel.call.invoker.Invoker`);
+    ``kernel.options`` what :func:`mlir_kernel` was given.
     """
 
     def __init__(
@@ -68,6 +91,8 @@ class Kernel:
         functools.update_wrapper(self, function)
         self.__dict__.pop("__wrapped__", None)
         self._function = function
+        self.options = KernelOptions(source, name, pipeline, opt_level, tuple(shared_libs), cache,
+                                     dict(callbacks or {}), capture_output, parallel)
         self._pipeline: Pipeline = parse_pipeline(pipeline, parallel)
         if not isinstance(opt_level, int) or not 0 <= opt_level <= 3:
             raise ValueError(f"opt_level must be 0, 1, 2 or 3, got {opt_level!r}")
