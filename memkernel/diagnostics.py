@@ -1,22 +1,17 @@
-"""Turning what MLIR reports into text for exception messages.
+"""Turning MLIR's diagnostics into text for exception messages.
 
 MLIR reports through two channels: diagnostics attached to ``MLIRError`` (parse,
-verify and pass failures) and plain text on the C ``stderr`` stream (the
-ExecutionEngine and the JIT linker). Both end up in memkernel's exceptions.
+verify and pass failures), formatted here, and plain text on the C ``stderr``
+stream (the ExecutionEngine and the JIT linker), which
+:func:`memkernel.stdio.capture_c_stderr` collects. Both end up in memkernel's
+exceptions.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
-import tempfile
-import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from mlir import ir
-
-_STDERR_LOCK = threading.Lock()
 
 
 def _location(loc: ir.Location) -> tuple[int, int] | None:
@@ -58,25 +53,3 @@ def format_diagnostics(diagnostics: Sequence[ir.DiagnosticInfo], source: str) ->
     for diag in diagnostics:
         out.extend(_format_one(diag, lines, ""))
     return "\n".join(out)
-
-
-@contextlib.contextmanager
-def capture_c_stderr() -> Iterator[list[str]]:
-    """Redirect file descriptor 2 into a buffer for the duration of the block.
-
-    Yields a list that holds the captured text once the block exits. The
-    redirection is process-wide, so it is serialized by a lock; it is used only
-    around compilation, never around a kernel call.
-    """
-    captured: list[str] = []
-    with _STDERR_LOCK, tempfile.TemporaryFile(mode="w+b") as sink:
-        sys.stderr.flush()
-        saved = os.dup(2)
-        os.dup2(sink.fileno(), 2)
-        try:
-            yield captured
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            sink.seek(0)
-            captured.append(sink.read().decode(errors="replace"))

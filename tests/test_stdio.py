@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
+import threading
+from collections import Counter
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
 import memkernel.stdio
-from memkernel import mlir_kernel
+from memkernel import CompileError, mlir_kernel
 
 from .kernels import elementwise
 
@@ -56,6 +64,224 @@ def test_capture_output_true_captures_even_in_a_terminal(monkeypatch, capsys):
     show = show_kernel(capture_output=True)
     show(np.array([7.0], np.float32), 0.5)
     assert "[7]" in capsys.readouterr().out
+
+
+MISSING_GLOBAL = """
+memref.global @missing_table : memref<4xf32>
+func.func @k(%o: memref<4xf32>) {
+  %g = memref.get_global @missing_table : memref<4xf32>
+  memref.copy %g, %o : memref<4xf32> to memref<4xf32>
+  return
+}"""
+NOT_FOUND = "Symbols not found: [ missing_table ]"
+
+
+def descriptor_2() -> tuple[int, int]:
+    status = os.fstat(2)
+    return status.st_dev, status.st_ino
+
+
+def shown_rows(out: str) -> list[int]:
+    """The values ``show`` printed, one per call, in order: its ``[i]`` lines."""
+    return [int(value) for value in re.findall(r"^\[(\d+)\]$", out, re.MULTILINE)]
+
+
+def run_threads(*targets: Callable[[], None], timeout: float = 120.0) -> None:
+    """Run each target on a thread of its own; re-raise the first error; fail on a thread still running."""
+    errors: list[BaseException] = []
+
+    def guarded(target: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                target()
+            except BaseException as exc:
+                errors.append(exc)
+        return run
+
+    threads = [threading.Thread(target=guarded(target), daemon=True) for target in targets]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+        assert not thread.is_alive(), "a thread did not finish: deadlock?"
+    if errors:
+        raise errors[0]
+
+
+@pytest.fixture
+def descriptor_2_kept():
+    """Descriptor 2 as the test found it; put back afterwards, so a failure does not spill into later tests."""
+    before, saved = descriptor_2(), os.dup(2)
+    try:
+        yield before
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def test_compiles_overlapping_captured_calls_leave_descriptor_2_and_lose_nothing(descriptor_2_kept, capsys):
+    show = show_kernel(capture_output=True).compile()
+    compiled = threading.Event()
+    messages: list[str] = []
+    calls: list[None] = []
+
+    def call_until_compiled() -> None:
+        while not compiled.is_set() or len(calls) < 50:
+            show(np.array([len(calls)], np.float32), 0.5)
+            calls.append(None)
+
+    def compile_some() -> None:
+        try:
+            for attempt in range(8):
+                with pytest.raises(CompileError) as failed:
+                    mlir_kernel(MISSING_GLOBAL, name="k", cache=False)(lambda o: None)(np.zeros(4, np.float32))
+                messages.append(str(failed.value))
+                kernel = mlir_kernel(elementwise("arith.addf", "memref<?xf64>", "f64", 1), name="k",
+                                     cache=False)(lambda a, b: None)
+                np.testing.assert_array_equal(kernel(np.arange(3.0), np.full(3, float(attempt))),
+                                              np.arange(3.0) + attempt)
+        finally:
+            compiled.set()
+
+    run_threads(call_until_compiled, compile_some)
+    assert descriptor_2() == descriptor_2_kept
+    assert len(messages) == 8 and all(NOT_FOUND in message for message in messages)
+    assert shown_rows(capsys.readouterr().out) == list(range(len(calls)))
+
+
+def test_captured_calls_on_two_threads_lose_nothing(capsys):
+    show = show_kernel(capture_output=True).compile()
+
+    def calls(first: int) -> Callable[[], None]:
+        def run() -> None:
+            for value in range(first, first + 200):
+                show(np.array([value], np.float32), 0.5)
+        return run
+
+    run_threads(calls(0), calls(1000))
+    rows = shown_rows(capsys.readouterr().out)
+    assert [row for row in rows if row < 1000] == list(range(200))
+    assert [row for row in rows if row >= 1000] == list(range(1000, 1200))
+
+
+def run_python(script: str) -> str:
+    """The stdout of ``script`` run in a fresh interpreter; a deadlock fails the test through the timeout."""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+NESTED_SCRIPT = f"""
+import io, sys
+import numpy as np
+from memkernel import mlir_kernel
+show = mlir_kernel({SHOW!r}, name="show", shared_libs=["mlir_runner_utils"], capture_output=CAPTURE)(
+    lambda x, s: None)
+
+def visit():
+    show(np.array([1.0, 2.0], np.float32), 0.5)
+    print("callback done")
+
+outer = mlir_kernel('''
+func.func private @visit()
+func.func @outer(%s: f32) {{
+  vector.print %s : f32
+  func.call @visit() : () -> ()
+  vector.print %s : f32
+  return
+}}''', name="outer", callbacks={{"visit": visit}}, capture_output=CAPTURE)(lambda s: None)
+terminal = sys.stdout
+if CAPTURE is None:
+    sys.stdout = io.StringIO()
+print("before")
+outer(7.0)
+print("after")
+if CAPTURE is None:
+    terminal.write(sys.stdout.getvalue())
+"""
+
+
+@pytest.mark.parametrize("capture", [True, None], ids=["capture_output=True", "sys.stdout-not-descriptor-1"])
+def test_a_callback_calling_a_capturing_kernel_prints_in_order(capture):
+    out = run_python(NESTED_SCRIPT.replace("CAPTURE", repr(capture)))
+    lines = [line for line in out.splitlines() if not line.startswith("Unranked Memref")]
+    assert lines == ["before", "7", "[1,  2]", "0.5", "callback done", "7", "after"]
+
+
+PARALLEL_SCRIPT = """
+import threading
+import numpy as np
+from memkernel import mlir_kernel
+say = mlir_kernel('''
+func.func @say(%v: i64) {
+  vector.print %v : i64
+  return
+}''', name="say", capture_output=True)(lambda v: None)
+threads = set()
+
+def visit(i):
+    threads.add(threading.get_ident())
+    say(i)
+
+fill = mlir_kernel('''
+func.func private @visit(index)
+func.func @fill(%out: memref<?xi64>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %n = memref.dim %out, %c0 : memref<?xi64>
+  scf.parallel (%i) = (%c0) to (%n) step (%c1) {
+    %v = arith.index_cast %i : index to i64
+    memref.store %v, %out[%i] : memref<?xi64>
+    func.call @visit(%i) : (index) -> ()
+    scf.reduce
+  }
+  return
+}''', name="fill", parallel=True, callbacks={"visit": visit}, capture_output=True)(lambda out: None)
+out = np.zeros(2048, np.int64)
+fill(out)
+assert (out == np.arange(2048)).all()
+print("worker threads", len(threads - {threading.get_ident()}))
+"""
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores to run callbacks on a worker thread")
+def test_callbacks_on_worker_threads_calling_a_capturing_kernel_lose_nothing():
+    printed, workers = run_python(PARALLEL_SCRIPT).rsplit("worker threads ", 1)
+    assert int(workers) >= 1
+    # Kernels printing at the same time on several threads may interleave a number and its newline, as in
+    # a terminal; what must hold is that every character arrives.
+    assert Counter(printed) == Counter("".join(f"{i}\n" for i in range(2048)))
+
+
+COMPILE_IN_CALLBACK_SCRIPT = f"""
+import os
+import numpy as np
+from memkernel import CompileError, mlir_kernel
+before = os.fstat(2).st_ino
+missing = mlir_kernel({MISSING_GLOBAL!r}, name="k", cache=False)(lambda o: None)
+
+def visit():
+    missing(np.zeros(4, np.float32))
+
+outer = mlir_kernel('''
+func.func private @visit()
+func.func @outer(%s: f32) {{
+  func.call @visit() : () -> ()
+  vector.print %s : f32
+  return
+}}''', name="outer", callbacks={{"visit": visit}}, capture_output=True)(lambda s: None)
+try:
+    outer(3.0)
+except CompileError as exc:
+    print("raised:", str(exc).replace(chr(10), " | "))
+assert os.fstat(2).st_ino == before
+"""
+
+
+def test_a_compile_inside_a_captured_call_keeps_its_own_stderr_for_the_error():
+    out = run_python(COMPILE_IN_CALLBACK_SCRIPT)
+    assert out.splitlines()[0] == "3"
+    assert re.search(r"^raised: JIT compilation of @k failed: .*" + re.escape(NOT_FOUND), out, re.MULTILINE)
 
 
 def test_memref_kernel_stages():

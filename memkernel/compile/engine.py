@@ -12,11 +12,10 @@ from mlir import ir
 from mlir.execution_engine import ExecutionEngine
 
 from . import libraries
-from ..diagnostics import capture_c_stderr
 from ..errors import CompileError
 from .cache import Entry
 from .objects import LoadedObject, engine_symbol
-from ..stdio import may_print
+from ..stdio import capture_c_stderr, may_print
 from .pipeline import Pipeline, lower
 from ..spec.source import MLIR_LOCK, ParsedSource
 from ..fastpath.emitter import FastPath, attach
