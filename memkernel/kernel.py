@@ -105,8 +105,8 @@ class Kernel:
         self.spec: KernelSpec = analyse(parsed, function, name or default_name(function, parsed))
         with MLIR_LOCK, parsed.context:
             check_before_lowering(parsed.module, self._pipeline)
-            self._pending = PendingErrors()
-            self._callbacks = bind_callbacks(parsed, callbacks or {}, self._pending)
+            self._pending = PendingErrors(parallel=parallel)
+            self._callbacks = bind_callbacks(parsed, callbacks or {}, self._pending, kernel=self.spec.name)
         self.__signature__ = self.spec.python_signature
         self._invoker: Invoker | None = None
         self._lock = threading.Lock()
@@ -162,12 +162,10 @@ class Kernel:
             if pending is None:
                 return run
 
-            def run_then_raise_callback_errors(args: tuple[Any, ...], given: tuple[Any, ...]) -> Any:
-                returned = run(args, given)
-                pending.raise_first()
-                return returned
+            def run_raising_callback_errors(args: tuple[Any, ...], given: tuple[Any, ...]) -> Any:
+                return pending.run(lambda: run(args, given))
 
-            return run_then_raise_callback_errors
+            return run_raising_callback_errors
 
         return Invoker(spec, plan, fast, allocator, wrap)
 

@@ -138,17 +138,6 @@ class PendingErrors:
             errors = self._shared
         errors.append(error)  # atomic under the GIL, which every callback holds
 
-    def raise_first(self) -> None:
-        """Raise the first error kept for the kernel (and forget the others), if any.
-
-        The call path before :meth:`run`: errors are kept per kernel, so with several
-        threads an error may surface in another thread's call. Remove once the call
-        path uses :meth:`run`.
-        """
-        errors, self._shared = self._shared, []
-        if errors:
-            raise errors[0]
-
 
 @dataclass
 class BoundCallback:
@@ -219,7 +208,7 @@ def declarations(parsed: ParsedSource) -> dict[str, Signature]:
 
 
 def bind_callbacks(parsed: ParsedSource, callbacks: Mapping[str, Callable[..., Any]],
-                   pending: PendingErrors, *, kernel: str = "kernel") -> dict[str, BoundCallback]:
+                   pending: PendingErrors, *, kernel: str) -> dict[str, BoundCallback]:
     """Bind each named declaration; SignatureError for a name that is not declared.
 
     ``kernel`` is the kernel's name, for the messages of errors raised at a call.
