@@ -14,6 +14,7 @@ import functools
 import hashlib
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -127,7 +128,9 @@ class Kernel:
         if self._invoker is None:
             with self._lock:
                 if self._invoker is None:
+                    started = time.perf_counter()
                     self._invoker = self._build_invoker()
+                    self._compile_seconds = time.perf_counter() - started
         return self
 
     @property
@@ -232,6 +235,21 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"<memkernel.Kernel {self._name}{self.__signature__}>"
+
+    # -- display (memkernel.display) ---------------------------------------------------
+
+    _compile_seconds: float | None = None  # how long compile() took: set once, when it built the invoker
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the kernel is compiled (by a call or :meth:`compile`)."""
+        return self._invoker is not None
+
+    def _repr_html_(self) -> str:
+        """The kernel as an HTML table, for Jupyter (see :mod:`memkernel.display`)."""
+        from .display import kernel_html
+
+        return kernel_html(self)
 
 
 def mlir_kernel(

@@ -1,0 +1,204 @@
+"""How a :class:`~memkernel.kernel.Kernel` shows itself in Jupyter: an HTML table.
+
+:func:`kernel_html` renders what decoration read (each argument's MLIR type,
+numpy dtype, shape pattern, tied dims and role; the results), the pipeline,
+whether the kernel is compiled and how long that took, and the source in a
+collapsed ``<details>``. Every piece of text is escaped: MLIR types and
+sources are full of ``<`` and ``>``.
+
+:func:`dim_labels` and :func:`role` are also what ``memkernel info`` prints.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from typing import TYPE_CHECKING, Any
+
+from .spec.analysis import KernelSpec
+from .spec.shapes import Dim
+from .spec.signature import ArgSpec, MemRefSpec, ScalarSpec
+
+if TYPE_CHECKING:
+    from .kernel import Kernel
+
+_HEADERS = ("argument", "MLIR type", "dtype", "shape", "tied to", "role")
+
+
+def role(spec: KernelSpec, index: int) -> str:
+    """What MLIR argument ``index`` is to a call: an input, an output the call allocates, or written in place."""
+    arg = spec.signature.args[index]
+    if isinstance(arg, ScalarSpec):
+        return "input (scalar)"
+    if index >= spec.n_inputs:
+        return "output (allocated, or out=)"
+    if index in spec.written:
+        return "written in place"
+    return "input (tensor)" if getattr(arg, "tensor", False) else "input"
+
+
+class _Components:
+    """The dims that ties make equal, grouped: union-find over :class:`Dim`."""
+
+    def __init__(self, spec: KernelSpec) -> None:
+        self._parent: dict[Dim, Dim] = {}
+        for tie in spec.shapes.ties:
+            if tie.b is not None:
+                self._parent[self.find(tie.a)] = self.find(tie.b)
+
+    def find(self, dim: Dim) -> Dim:
+        parent = self._parent.setdefault(dim, dim)
+        if parent == dim:
+            return dim
+        root = self.find(parent)
+        self._parent[dim] = root
+        return root
+
+    def members(self, dim: Dim) -> list[Dim]:
+        root = self.find(dim)
+        return sorted((d for d in self._parent if self.find(d) == root), key=lambda d: (d.arg, d.dim))
+
+
+def dim_labels(spec: KernelSpec) -> dict[int, tuple[str, ...]]:
+    """Each ranked argument's dims as labels: the static size, the dim's name, ``d<n>`` for a dynamic
+    dim tied to others (the same label on every dim it is tied to), ``?`` for a free dynamic dim."""
+    components = _Components(spec)
+    args = spec.signature.args
+    fixed = {tie.a: tie.size for tie in spec.shapes.ties if tie.b is None}
+    root_label: dict[Dim, str] = {}
+    for arg, names in sorted(spec.shapes.names.items()):
+        for k, name in enumerate(names):
+            if name != "_" and not name.isdigit():
+                root_label.setdefault(components.find(Dim(arg, k)), name)
+    for dim, size in fixed.items():
+        root_label.setdefault(components.find(dim), str(size))
+    for i, arg in enumerate(args):
+        if isinstance(arg, MemRefSpec):
+            for k, size in enumerate(arg.shape):
+                if size is not None:
+                    root_label[components.find(Dim(i, k))] = str(size)
+    labels: dict[int, tuple[str, ...]] = {}
+    counter = 0
+    for i, arg in enumerate(args):
+        if not isinstance(arg, MemRefSpec):
+            continue
+        row = []
+        for k in range(arg.rank):
+            root = components.find(Dim(i, k))
+            if root not in root_label and len(components.members(root)) > 1:
+                root_label[root] = f"d{counter}"
+                counter += 1
+            row.append(root_label.get(root, "?"))
+        labels[i] = tuple(row)
+    return labels
+
+
+def tied_to(spec: KernelSpec, index: int) -> list[str]:
+    """For each dim of argument ``index`` tied to others: ``dim k = b dim 1, out dim 0``."""
+    arg = spec.signature.args[index]
+    if not isinstance(arg, MemRefSpec):
+        return []
+    components = _Components(spec)
+    names = spec.argument_names
+    notes = []
+    for k in range(arg.rank):
+        others = [d for d in components.members(Dim(index, k)) if d != Dim(index, k)]
+        if others:
+            notes.append(f"dim {k} = " + ", ".join(f"{names[d.arg]} dim {d.dim}" for d in others))
+    notes += [f"dim {t.a.dim} = {t.size} ({t.reason})" for t in spec.shapes.ties if t.b is None and t.a.arg == index]
+    return notes
+
+
+def tie_reasons(spec: KernelSpec, index: int) -> str:
+    """What ties argument ``index``'s dims: ``@matmul's linalg.matmul; M``."""
+    components = _Components(spec)
+    arg = spec.signature.args[index]
+    mine = {components.find(Dim(index, k)) for k in range(arg.rank if isinstance(arg, MemRefSpec) else 0)}
+    reasons = [t.reason for t in spec.shapes.ties
+               if components.find(t.a) in mine or (t.b is None and t.a.arg == index)]
+    return "; ".join(dict.fromkeys(reasons))
+
+
+def shape_text(spec: KernelSpec, index: int, labels: dict[int, tuple[str, ...]]) -> str:
+    """Argument ``index``'s shape pattern: ``(M, K)``, ``(d0, ?)``, ``scalar`` or ``any rank``."""
+    arg = spec.signature.args[index]
+    if isinstance(arg, ScalarSpec):
+        return "scalar"
+    if not isinstance(arg, MemRefSpec):
+        return "any rank"
+    dims = labels[index]
+    return f"({dims[0]},)" if len(dims) == 1 else f"({', '.join(dims)})"
+
+
+def _result_shape(result: ArgSpec) -> str:
+    if isinstance(result, ScalarSpec):
+        return "scalar"
+    if isinstance(result, MemRefSpec):
+        dims = ["?" if d is None else str(d) for d in result.shape]
+        return f"({dims[0]},)" if len(dims) == 1 else f"({', '.join(dims)})"
+    return "any rank"
+
+
+def _cell(text: str, code: bool = False, title: str | None = None) -> str:
+    inner = f"<code>{escape(text)}</code>" if code else escape(text)
+    attribute = f' title="{escape(title)}"' if title else ""
+    return f"<td{attribute}>{inner}</td>"
+
+
+def _argument_rows(spec: KernelSpec) -> list[str]:
+    labels = dim_labels(spec)
+    rows = []
+    for i, (arg, contract) in enumerate(zip(spec.signature.args, spec.contracts)):
+        notes = tied_to(spec, i)
+        rows.append("<tr>" + "".join([
+            _cell(contract.name, code=True), _cell(arg.mlir, code=True), _cell(str(arg.element.dtype)),
+            _cell(shape_text(spec, i, labels)), _cell("; ".join(notes), title=tie_reasons(spec, i) or None),
+            _cell(role(spec, i)),
+        ]) + "</tr>")
+    for j, result in enumerate(spec.signature.results):
+        rows.append("<tr>" + "".join([
+            _cell(f"result {j}"), _cell(result.mlir, code=True), _cell(str(result.element.dtype)),
+            _cell(_result_shape(result)), _cell(""), _cell("result"),
+        ]) + "</tr>")
+    return rows
+
+
+def compile_state(kernel: Kernel) -> str:
+    """``compiled in 12.3 ms (fast path)`` or ``not compiled yet ...``."""
+    if not kernel.compiled:
+        return "not compiled yet (at the first call, or kernel.compile())"
+    seconds = getattr(kernel, "_compile_seconds", None)
+    took = f" in {seconds * 1e3:.1f} ms" if seconds is not None else ""
+    path = "fast path" if kernel.invoker.fast is not None else "checked path only"
+    return f"compiled{took} ({path})"
+
+
+def pipeline_text(options: Any) -> str:
+    """The pipeline and its options as given to ``mlir_kernel``: ``default, opt_level=3``."""
+    parts = [options.pipeline or "default", f"opt_level={options.opt_level}"]
+    if options.parallel:
+        parts.append("parallel=True")
+    return ", ".join(parts)
+
+
+def _facts(kernel: Kernel) -> list[tuple[str, str]]:
+    return [("pipeline", pipeline_text(kernel.options)), ("state", compile_state(kernel))]
+
+
+def kernel_html(kernel: Kernel) -> str:
+    """The kernel as an HTML table (see the module docstring)."""
+    spec = kernel.spec
+    head = "".join(f"<th>{escape(h)}</th>" for h in _HEADERS)
+    facts = "".join(f"<tr><th>{escape(k)}</th><td colspan=\"{len(_HEADERS) - 1}\">{escape(v)}</td></tr>"
+                    for k, v in _facts(kernel))
+    source = kernel.options.source
+    lines = source.count("\n") + 1
+    return (
+        '<div class="memkernel-kernel">'
+        f"<table><caption>memkernel.Kernel <code>@{escape(spec.name)}</code></caption>"
+        f"<thead><tr>{head}</tr></thead>"
+        f"<tbody>{''.join(_argument_rows(spec))}</tbody>"
+        f"<tfoot>{facts}</tfoot></table>"
+        f"<details><summary>MLIR source ({lines} lines)</summary><pre>{escape(source)}</pre></details>"
+        "</div>"
+    )
+
