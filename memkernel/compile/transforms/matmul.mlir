@@ -54,8 +54,8 @@ module attributes {transform.with_named_sequence} {
     %tiles = transform.structured.match ops{["linalg.matmul"]} in %func : (!transform.any_op) -> !transform.any_op
     transform.foreach %tiles : !transform.any_op {
     ^bb0(%tile: !transform.any_op):
-      %micro, %rows, %cols, %depth = transform.structured.tile_using_for %tile tile_sizes [{register_rows}, {register_columns}, 1]
-          : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op, !transform.any_op)
+      %micro, %rows, %cols = transform.structured.tile_using_for %tile tile_sizes [{register_rows}, {register_columns}, 0]
+          : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op)
       transform.sequence %rows : !transform.any_op failures(suppress) {
       ^bb1(%loop: !transform.any_op):
         %for = transform.cast %loop : !transform.any_op to !transform.op<"scf.for">
@@ -70,6 +70,14 @@ module attributes {transform.with_named_sequence} {
           }
         }
       }
+    }
+    // Then one step of K at a time, innermost: the C tile is the same for the whole loop.
+    %register_tiles = transform.structured.match ops{["linalg.matmul"]} in %func
+        : (!transform.any_op) -> !transform.any_op
+    transform.foreach %register_tiles : !transform.any_op {
+    ^bb0(%register_tile: !transform.any_op):
+      %step, %depth = transform.structured.tile_using_for %register_tile tile_sizes [0, 0, 1]
+          : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
     }
     transform.apply_patterns to %func {
       transform.apply_patterns.canonicalization
