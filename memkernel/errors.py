@@ -50,4 +50,16 @@ class MissingDependencyError(MemkernelError, ImportError):
 
 
 class CallbackError(MemkernelError, TypeError):
-    """A Python callback bound with ``callbacks=`` returned a value its declared result type cannot take."""
+    """A Python callback bound with ``callbacks=`` broke its declaration's contract.
+
+    It returned a value its declared result type cannot take, or changed the
+    shape or dtype of a memref's array in place.
+    """
+
+
+class AllocationError(MemkernelError, MemoryError):
+    """Memory for an output or a returned buffer could not be had: the message says which and how much."""
+
+
+class CallDepthError(MemkernelError, RecursionError):
+    """A kernel was called with too little of Python's recursion limit left to make the call."""

@@ -82,14 +82,17 @@ class _LentCopy:
         self.before = np.array(memory)
         self.array = self.before.copy()
 
-    def write_back(self) -> None:
-        """Write the elements the callback changed (compared bit for bit) into the kernel's memory."""
+    def write_back(self, where: str) -> None:
+        """Write the elements the callback changed (compared bit for bit) into the kernel's memory.
+
+        CallbackError, naming ``where``, if the callback changed the array's shape, strides or dtype.
+        """
         after, before = self.array, self.before
         if (after.shape, after.strides, after.dtype) != (before.shape, before.strides, before.dtype):
-            raise ValueError(
-                f"a callback changed the shape or dtype of the array it was given in place "
-                f"(from {before.dtype}{list(before.shape)} to {after.dtype}{list(after.shape)}); "
-                "write into it instead"
+            raise CallbackError(
+                f"{where} was given {before.dtype}{list(before.shape)} and changed it in place to "
+                f"{after.dtype}{list(after.shape)} (strides {after.strides}); its changes cannot go back "
+                "to the kernel's memref. Write into the array, and reshape or view a new one instead."
             )
         differs = after.reshape(-1).view(np.uint8) != before.reshape(-1).view(np.uint8)
         if differs.any():
@@ -187,8 +190,8 @@ def _bind(kernel: str, name: str, signature: Signature, python: Callable[..., An
             try:
                 returned = python(*values)
             finally:
-                for copy in copies.values():
-                    copy.write_back()
+                for i, copy in copies.items():
+                    copy.write_back(f"{kernel}(): callback @{name} argument #{i}")
             return None if result is None else result_value(returned)
         except BaseException as exc:  # the kernel cannot unwind: keep it for the caller
             pending.add(exc)
