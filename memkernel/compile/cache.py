@@ -112,7 +112,8 @@ class ProcessCache:
     A compiled kernel stays findable while anything holds it (weakly
     referenced: kernels alive share one copy of the code), and the
     ``keep_recent`` most recently used ones are also held here. The code of any
-    other is freed with its last holder.
+    other is freed with its last holder. Compiled kernels must therefore be
+    weak-referenceable (no ``__slots__`` without ``__weakref__``).
     """
 
     def __init__(self, keep_recent: int = KEEP_RECENT) -> None:
@@ -276,7 +277,7 @@ class _Folder:
                 os.unlink(written, dir_fd=self.handle)
                 raise
         except OSError as exc:
-            _warn_once(f"memkernel could not write its disk cache in {self.path}: {exc}")
+            _warn_once(f"memkernel could not write its disk cache in {self.path}: {exc.strerror or exc}")
 
 
 def _tag(secret: bytes, key: CacheKey, body: bytes | memoryview) -> bytes:
@@ -353,7 +354,7 @@ def _make_secret(path: Path, folder: int) -> bytes | None:
         finally:
             os.unlink(written, dir_fd=folder)
     except OSError as exc:
-        _warn_once(f"memkernel could not write its disk cache in {path}: {exc}")
+        _warn_once(f"memkernel could not write its disk cache in {path}: {exc.strerror or exc}")
         return None
     return _read_secret(path, folder)
 
