@@ -1,0 +1,284 @@
+"""Comparing what a kernel computes with a reference: tolerances by dtype, and a report that says
+where and by how much they differ.
+
+Integers and bools compare exactly. Floats (and complex numbers) compare with
+``|kernel - reference| <= atol + rtol * |reference|`` and default tolerances
+that follow the dtype (:func:`default_tolerance`), or in units in the last
+place with ``ulps=``. NaNs in the same places are equal.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..kernel import Kernel
+from ..spec.contract import BufferContract
+from .copies import layout_copies, layout_copy
+
+# (rtol, atol) by float dtype; 8-bit floats get two units of their precision (see default_tolerance).
+_FLOAT_TOLERANCES = {
+    "float64": (1e-12, 1e-12),
+    "float32": (1e-5, 1e-6),
+    "float16": (1e-2, 1e-3),
+    "bfloat16": (2e-2, 1e-2),
+}
+_COMPONENT: dict[str, np.dtype] = {"complex64": np.dtype(np.float32), "complex128": np.dtype(np.float64)}
+
+
+def _exact(dtype: np.dtype) -> bool:
+    return dtype.kind in "biu"
+
+
+def _eps_of_byte_float(dtype: np.dtype) -> float:
+    """The gap between 1 and the next value of an 8-bit float type."""
+    values = np.arange(256, dtype=np.uint8).view(dtype).astype(np.float64)
+    return float(values[np.isfinite(values) & (values > 1)].min() - 1)
+
+
+def default_tolerance(dtype: np.dtype) -> tuple[float, float]:
+    """The default ``(rtol, atol)`` for values of ``dtype``: exact (0, 0) for integers and bools;
+    1e-12 for float64, (1e-5, 1e-6) for float32, (1e-2, 1e-3) for float16, (2e-2, 1e-2) for bfloat16,
+    twice the precision for the 8-bit floats; complex numbers take their components' tolerance."""
+    dtype = np.dtype(dtype)
+    if _exact(dtype):
+        return 0.0, 0.0
+    dtype = _COMPONENT.get(dtype.name, dtype)
+    if dtype.name in _FLOAT_TOLERANCES:
+        return _FLOAT_TOLERANCES[dtype.name]
+    eps = 2 * _eps_of_byte_float(dtype)
+    return eps, eps
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """What the caller asked for; None takes the dtype's default."""
+
+    rtol: float | None = None
+    atol: float | None = None
+    ulps: int | None = None
+
+    def of(self, dtype: np.dtype) -> tuple[float, float]:
+        rtol, atol = default_tolerance(dtype)
+        return (rtol if self.rtol is None else self.rtol), (atol if self.atol is None else self.atol)
+
+    def describe(self, dtype: np.dtype) -> str:
+        if _exact(dtype):
+            return f"{dtype.name}: exact"
+        if self.ulps is not None:
+            return f"{dtype.name}: ulps={self.ulps}"
+        rtol, atol = self.of(dtype)
+        return f"{dtype.name}: rtol={rtol:g}, atol={atol:g}"
+
+
+# -- units in the last place ----------------------------------------------------------
+
+
+def _ordinals(a: np.ndarray) -> np.ndarray:
+    """Integers that step by one between adjacent values of ``a``'s float type."""
+    bits = a.view(np.dtype(f"uint{8 * a.itemsize}")).astype(np.uint64)
+    if not float(np.array(-1.0).astype(a.dtype)) < 0:  # an unsigned type (f8E8M0FNU)
+        return bits.astype(np.int64)
+    sign = np.uint64(1 << (8 * a.itemsize - 1))
+    magnitude = (bits & (sign - np.uint64(1))).astype(np.int64)
+    return np.where((bits & sign) != 0, -magnitude, magnitude)
+
+
+def _ulp_distance(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    if got.dtype.kind == "c":
+        return np.maximum(_ulp_distance(got.real.copy(), want.real.copy()),
+                          _ulp_distance(got.imag.copy(), want.imag.copy()))
+    g, w = _ordinals(got), _ordinals(want)
+    same_sign = (g >= 0) == (w >= 0)
+    with np.errstate(over="ignore"):
+        near = np.abs(g - w).astype(np.float64)
+    far = np.abs(g.astype(np.float64)) + np.abs(w.astype(np.float64))
+    return np.where(same_sign, near, far)
+
+
+# -- one value --------------------------------------------------------------------
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, np.ndarray):
+        dims = ", ".join(str(d) for d in value.shape)
+        return f"{value.dtype.name}[{dims}]" if value.ndim else f"{value.dtype.name} scalar"
+    return "None" if value is None else type(value).__name__
+
+
+def _as_array(want: Any, got: np.ndarray) -> np.ndarray:
+    """The reference value as an array: Python numbers and lists take the kernel's dtype when they
+    convert without changing kind (ints to floats yes, floats to ints no)."""
+    if isinstance(want, (np.ndarray, np.generic)):
+        return np.asarray(want)
+    array = np.asarray(want)
+    return array.astype(got.dtype) if np.can_cast(array.dtype, got.dtype, "same_kind") else array
+
+
+def _errors(got: np.ndarray, want: np.ndarray, bad: np.ndarray) -> tuple[str, str]:
+    """The maximum absolute and relative errors, as text."""
+    if _exact(got.dtype):
+        pairs = [(int(x), int(y)) for x, y in zip(got[bad].tolist(), want[bad].tolist())]
+        absolute = max(abs(x - y) for x, y in pairs)
+        relative = max(abs(x - y) / abs(y) if y else float("inf") for x, y in pairs)
+        return str(absolute), f"{relative:.3g}"
+    wide = np.complex128 if got.dtype.kind == "c" else np.float64
+    g, w = got.astype(wide), want.astype(wide)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        same = (g == w) | (np.isnan(g) & np.isnan(w))
+        diff = np.where(same, 0.0, np.abs(g - w))
+        diff = np.where(np.isnan(diff), np.inf, diff)
+        rel = np.where(diff == 0, 0.0, diff / np.abs(w))
+        rel = np.where(np.isnan(rel), np.inf, rel)
+    return f"{diff.max():.3g}", f"{rel.max():.3g}"
+
+
+def _mismatches(got: np.ndarray, want: np.ndarray, tolerance: Tolerance) -> tuple[np.ndarray, str]:
+    """Where ``got`` and ``want`` (same dtype and shape) differ, and a note on the comparison."""
+    if _exact(got.dtype):
+        return np.asarray(got != want), tolerance.describe(got.dtype)
+    wide = np.complex128 if got.dtype.kind == "c" else np.float64
+    g, w = got.astype(wide), want.astype(wide)
+    with np.errstate(invalid="ignore", over="ignore"):
+        same = (g == w) | (np.isnan(g) & np.isnan(w))
+        finite = np.isfinite(g) & np.isfinite(w)
+        if tolerance.ulps is not None:
+            distance = _ulp_distance(np.ascontiguousarray(got), np.ascontiguousarray(want))
+            bad = ~(same | (finite & (distance <= tolerance.ulps)))
+            worst = distance[bad & finite].max() if (bad & finite).any() else 0
+            return bad, f"{tolerance.describe(got.dtype)}; max {worst:.0f} ulps"
+        rtol, atol = tolerance.of(got.dtype)
+        close = finite & (np.abs(g - w) <= atol + rtol * np.abs(w))
+    return ~(same | close), tolerance.describe(got.dtype)
+
+
+def difference(label: str, got: Any, want: Any, tolerance: Tolerance) -> str | None:
+    """How ``got`` (the kernel's value) differs from ``want`` (the reference's), in words; None if
+    they match."""
+    if got is None or want is None:
+        return None if got is None and want is None else (
+            f"  {label}: the kernel gave {_text(got)} but the reference {_text(want)}")
+    g = np.asarray(got)
+    w = _as_array(want, g)
+    if g.dtype != w.dtype or g.shape != w.shape:
+        what = "dtypes" if g.dtype != w.dtype else "shapes"
+        return f"  {label}: the kernel gave {_text(g)} but the reference {_text(w)}; the {what} differ"
+    bad, note = _mismatches(g, w, tolerance)
+    if not bad.any():
+        return None
+    index = tuple(int(i) for i in np.argwhere(bad)[0])
+    absolute, relative = _errors(g, w, bad)
+    return (f"  {label} differs from the reference in {int(bad.sum())} of {bad.size} elements\n"
+            f"    first mismatch at index {index}: kernel {g[index]}, reference {w[index]}\n"
+            f"    max abs error {absolute}, max rel error {relative} ({note})")
+
+
+def describe_arguments(names: Sequence[str], values: Sequence[Any]) -> str:
+    """The arguments of a call, as ``a float32[3, 4], s = 2.0``; views are marked."""
+    parts = []
+    for name, value in zip(names, values):
+        if isinstance(value, np.ndarray):
+            view = "" if value.flags.c_contiguous else " (view)"
+            parts.append(f"{name} {_text(value)}{view}")
+        else:
+            parts.append(f"{name} = {value!r}")
+    return ", ".join(parts)
+
+
+# -- what a call gives --------------------------------------------------------------
+
+
+def returned_labels(kernel: Kernel) -> list[str]:
+    """How the values a call returns are called: its outputs, then its results."""
+    spec = kernel.spec
+    outputs = [f"output '{c.name}'" for c in spec.contracts[spec.n_inputs:]]
+    return outputs + [f"result {i}" for i in range(len(spec.signature.results))]
+
+
+def split_returned(labels: Sequence[str], returned: Any) -> list[Any] | None:
+    """The values of a return as one per label (a lone value for one label); None if they do not fit."""
+    if len(labels) == 1:
+        return [returned]
+    if not isinstance(returned, (tuple, list)) or len(returned) != len(labels):
+        return None
+    return list(returned)
+
+
+def written_inputs(kernel: Kernel) -> list[BufferContract]:
+    """The inputs the kernel may write (in-place style)."""
+    spec = kernel.spec
+    return [c for c in spec.contracts[:spec.n_inputs]
+            if isinstance(c, BufferContract) and c.index in spec.written and not getattr(c.spec, "tensor", False)]
+
+
+def bind(kernel: Kernel, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The call's arguments by parameter name (``out`` left out)."""
+    bound = inspect.signature(kernel).bind(*args, **kwargs)
+    return {k: v for k, v in bound.arguments.items() if k != "out"}
+
+
+def assert_equal_values(header: str, labels: Sequence[str], got: Sequence[Any], want: Sequence[Any],
+                        tolerance: Tolerance) -> None:
+    """Raise an AssertionError with ``header`` and every value of ``got`` that differs from ``want``."""
+    found = [d for label, g, w in zip(labels, got, want) if (d := difference(label, g, w, tolerance))]
+    if found:
+        raise AssertionError(header + "\n" + "\n".join(found))
+
+
+def assert_matches(kernel: Kernel, reference: Callable[..., Any] | Any, *args: Any, rtol: float | None = None,
+                   atol: float | None = None, ulps: int | None = None, **kwargs: Any) -> Any:
+    """Call ``kernel(*args, **kwargs)`` and check that it computes what ``reference`` does; return
+    what the kernel returned.
+
+    ``reference`` is a function called with copies of the same arguments
+    (without ``out=``), returning what the kernel returns (its outputs, then
+    its results: one value, or a tuple), or those expected values themselves.
+    For a kernel that returns nothing and writes its inputs in place, the
+    values compared are the inputs it may write, after the call: the reference
+    returns their expected values, or updates its copies in place and returns None.
+
+    Integers and bools must be equal; floats within ``rtol``/``atol`` (defaults
+    by dtype: :func:`default_tolerance`), or within ``ulps`` units in the last
+    place when given; NaNs in the same places are equal.
+
+    Raises AssertionError naming the kernel, the arguments' shapes and dtypes
+    and, for each value that differs (``output 'out'``, ``result 0``...), the
+    first mismatching index, the two values there, the maximum absolute and
+    relative error and how many elements differ; or that the shapes, dtypes or
+    number of values differ.
+    """
+    copies = layout_copies(args)
+    kw_copies = {k: layout_copy(v) for k, v in kwargs.items() if k != "out"}
+    returned = kernel(*args, **kwargs)
+    bound = bind(kernel, args, kwargs)
+    header = f"{kernel.spec.name}(): the kernel does not match the reference\n  arguments: " + describe_arguments(
+        list(bound), list(bound.values()))
+    labels, got = compared_values(kernel, returned, bound)
+    want = reference(*copies, **kw_copies) if callable(reference) else reference
+    if want is None and callable(reference) and not returned_labels(kernel):
+        expected = compared_values(kernel, None, bind(kernel, copies, kw_copies))[1]
+    else:
+        expected = split_returned(labels, want) if labels else []
+    if expected is None or got is None:
+        raise AssertionError(f"{header}\n  the kernel gives {len(labels)} values ({', '.join(labels)}) but the "
+                             f"reference gave {_count(want)}")
+    assert_equal_values(header, labels, got, expected, Tolerance(rtol, atol, ulps))
+    return returned
+
+
+def compared_values(kernel: Kernel, returned: Any, bound: dict[str, Any]) -> tuple[list[str], list[Any] | None]:
+    """What a call is judged by, with labels: what it returns or, for a kernel that returns nothing,
+    the inputs it may write, after the call."""
+    labels = returned_labels(kernel)
+    if labels:
+        return labels, split_returned(labels, returned)
+    written = written_inputs(kernel)
+    return [f"argument '{c.name}' after the call" for c in written], [bound[c.name] for c in written]
+
+
+def _count(value: Any) -> str:
+    return f"{len(value)} values" if isinstance(value, (tuple, list)) else f"one value ({_text(value)})"

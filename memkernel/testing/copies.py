@@ -1,0 +1,30 @@
+"""Independent copies of arguments that keep each array's layout (strides, offset, order)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+
+
+def layout_copy(value: Any) -> Any:
+    """A copy of ``value`` that no call can change through the original: an array keeps its shape,
+    dtype, strides (negative ones too) and writability in a buffer of its own; other values are
+    deep-copied."""
+    if not isinstance(value, np.ndarray):
+        return copy.deepcopy(value)
+    if value.size == 0:
+        return value.copy()
+    low = sum((n - 1) * s for n, s in zip(value.shape, value.strides) if s < 0)
+    high = sum((n - 1) * s for n, s in zip(value.shape, value.strides) if s > 0) + value.itemsize
+    buffer = np.zeros(high - low, np.uint8)
+    result: np.ndarray = np.ndarray(value.shape, value.dtype, buffer=buffer, offset=-low, strides=value.strides)
+    result[...] = value
+    result.flags.writeable = value.flags.writeable
+    return result
+
+
+def layout_copies(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """:func:`layout_copy` of each value."""
+    return tuple(layout_copy(v) for v in values)
