@@ -63,3 +63,7 @@ class AllocationError(MemkernelError, MemoryError):
 
 class CallDepthError(MemkernelError, RecursionError):
     """A kernel was called with too little of Python's recursion limit left to make the call."""
+
+
+class ChunkingError(MemkernelError, TypeError):
+    """:func:`memkernel.dask.apply` cannot split this kernel's work into chunks (see :mod:`memkernel.dask`)."""

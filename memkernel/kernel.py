@@ -236,6 +236,12 @@ class Kernel:
     def __repr__(self) -> str:
         return f"<memkernel.Kernel {self._name}{self.__signature__}>"
 
+    def __reduce__(self) -> str | tuple[Any, ...]:
+        """Pickle like a function: by reference when top-level, else by value (see :mod:`memkernel.pickling`)."""
+        from . import pickling
+
+        return pickling.reduce(self)
+
     # -- display (memkernel.display) ---------------------------------------------------
 
     _compile_seconds: float | None = None  # how long compile() took: set once, when it built the invoker

@@ -1,0 +1,66 @@
+"""How a :class:`~memkernel.kernel.Kernel` pickles: like a function, never with its compiled code.
+
+A kernel decorated at a module's top level (a script's ``__main__`` included,
+or a class body) pickles *by reference*, as a function does: its module and
+qualified name, checked when pickling to resolve to the kernel itself. The
+process that unpickles it imports the module and finds the same kernel there,
+compiled at most once per process: ``multiprocessing`` and
+``concurrent.futures.ProcessPoolExecutor`` need nothing more.
+
+Any other kernel (a lambda, one made inside a function) pickles *by value*:
+what :func:`~memkernel.mlir_kernel` was given (its
+:class:`~memkernel.kernel.KernelOptions`) and its shape function. The
+function object is handed to the pickler, which decides how to carry it:
+plain :mod:`pickle` takes module-level functions only, cloudpickle (which
+Dask uses) also carries lambdas and closures. Callbacks pickle when their
+callables do. The unpickled kernel is decorated afresh and compiles at its
+first call, or loads the code from the disk cache (``$MEMKERNEL_CACHE_DIR``)
+when a process on that machine compiled it before.
+
+:func:`reduce_by_value` is the by-value form on its own, for carriers that
+must not depend on the receiving process having the kernel's module: a
+kernel of a notebook or of a script's ``__main__`` sent to a remote Dask
+worker (see :mod:`memkernel.dask`).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .kernel import Kernel, KernelOptions
+
+Reduced = tuple[Callable[..., Any], tuple[Any, ...]]
+
+
+def resolves_by_name(kernel: Kernel) -> bool:
+    """Whether ``kernel.__module__`` + ``kernel.__qualname__`` names ``kernel`` itself in this process."""
+    qualname = getattr(kernel, "__qualname__", "")
+    module = sys.modules.get(getattr(kernel, "__module__", None) or "")
+    if module is None or not qualname or "<locals>" in qualname or "<lambda>" in qualname:
+        return False
+    found: Any = module
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+        if found is None:
+            return False
+    return found is kernel
+
+
+def reduce_by_value(kernel: Kernel) -> Reduced:
+    """The ``__reduce__`` tuple that rebuilds ``kernel`` from its options and its shape function."""
+    return rebuild, (kernel.options, kernel._function)
+
+
+def reduce(kernel: Kernel) -> str | Reduced:
+    """``kernel.__reduce__()``: its qualified name when that finds it (pickled by reference), else by value."""
+    if resolves_by_name(kernel):
+        return kernel.__qualname__
+    return reduce_by_value(kernel)
+
+
+def rebuild(options: KernelOptions, function: Callable[..., Any]) -> Kernel:
+    """The kernel ``options.decorator()`` makes of ``function``: what a kernel pickled by value unpickles to."""
+    return options.decorator()(function)
