@@ -164,11 +164,11 @@ def test_captured_calls_on_two_threads_lose_nothing(capsys):
     assert [row for row in rows if row >= 1000] == list(range(1000, 1200))
 
 
-def run_python(script: str) -> str:
-    """The stdout of ``script`` run in a fresh interpreter; a deadlock fails the test through the timeout."""
+def run_python(script: str) -> subprocess.CompletedProcess[str]:
+    """``script`` run in a fresh interpreter, which must succeed; a deadlock fails the test through the timeout."""
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    return done.stdout
+    return done
 
 
 NESTED_SCRIPT = f"""
@@ -203,7 +203,7 @@ if CAPTURE is None:
 
 @pytest.mark.parametrize("capture", [True, None], ids=["capture_output=True", "sys.stdout-not-descriptor-1"])
 def test_a_callback_calling_a_capturing_kernel_prints_in_order(capture):
-    out = run_python(NESTED_SCRIPT.replace("CAPTURE", repr(capture)))
+    out = run_python(NESTED_SCRIPT.replace("CAPTURE", repr(capture))).stdout
     lines = [line for line in out.splitlines() if not line.startswith("Unranked Memref")]
     assert lines == ["before", "7", "[1,  2]", "0.5", "callback done", "7", "after"]
 
@@ -246,7 +246,7 @@ print("worker threads", len(threads - {threading.get_ident()}))
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores to run callbacks on a worker thread")
 def test_callbacks_on_worker_threads_calling_a_capturing_kernel_lose_nothing():
-    printed, workers = run_python(PARALLEL_SCRIPT).rsplit("worker threads ", 1)
+    printed, workers = run_python(PARALLEL_SCRIPT).stdout.rsplit("worker threads ", 1)
     assert int(workers) >= 1
     # Kernels printing at the same time on several threads may interleave a number and its newline, as in
     # a terminal; what must hold is that every character arrives.
@@ -279,9 +279,13 @@ assert os.fstat(2).st_ino == before
 
 
 def test_a_compile_inside_a_captured_call_keeps_its_own_stderr_for_the_error():
-    out = run_python(COMPILE_IN_CALLBACK_SCRIPT)
-    assert out.splitlines()[0] == "3"
-    assert re.search(r"^raised: JIT compilation of @k failed: .*" + re.escape(NOT_FOUND), out, re.MULTILINE)
+    done = run_python(COMPILE_IN_CALLBACK_SCRIPT)
+    assert done.stdout.splitlines()[0] == "3"
+    assert re.search(r"^raised: JIT compilation of @k failed: .*" + re.escape(NOT_FOUND), done.stdout, re.MULTILINE)
+
+
+def test_what_a_compile_inside_a_captured_call_wrote_on_c_stderr_also_reaches_the_captured_stderr():
+    assert NOT_FOUND in run_python(COMPILE_IN_CALLBACK_SCRIPT).stderr
 
 
 def test_memref_kernel_stages():
