@@ -7,7 +7,10 @@
 """
 
 from .errors import (
+    AllocationError,
     ArgumentError,
+    CallbackError,
+    CallDepthError,
     CompileError,
     MemkernelError,
     MissingDependencyError,
@@ -21,7 +24,10 @@ from .kernel import Kernel, mlir_kernel
 __version__ = "0.1.0"
 
 __all__ = [
+    "AllocationError",
     "ArgumentError",
+    "CallDepthError",
+    "CallbackError",
     "CompileError",
     "Kernel",
     "MLIRSyntaxError",

@@ -14,7 +14,7 @@ from mlir.execution_engine import ExecutionEngine
 from . import libraries
 from ..errors import CompileError
 from .cache import Entry
-from .objects import LoadedObject, engine_symbol
+from .objects import LoadedObject, engine_libraries, engine_symbol
 from ..stdio import capture_c_stderr, may_print
 from .pipeline import Pipeline, lower
 from ..spec.source import MLIR_LOCK, ParsedSource
@@ -141,7 +141,7 @@ def compile_function(
         failure = None
         with capture_c_stderr() as stderr:
             try:
-                engine = ExecutionEngine(parsed.module, opt_level=opt_level, shared_libs=list(libs))
+                engine = ExecutionEngine(parsed.module, opt_level=opt_level, shared_libs=engine_libraries(libs))
                 for callback, callback_address in callbacks.items():
                     engine.raw_register_runtime(f"_mlir_ciface_{callback}", ctypes.c_void_p(callback_address))
                 address = engine.raw_lookup("_mlir_ciface_" + name)
