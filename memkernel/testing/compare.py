@@ -90,8 +90,8 @@ def _ordinals(a: np.ndarray) -> np.ndarray:
 
 def _ulp_distance(got: np.ndarray, want: np.ndarray) -> np.ndarray:
     if got.dtype.kind == "c":
-        return np.maximum(_ulp_distance(got.real.copy(), want.real.copy()),
-                          _ulp_distance(got.imag.copy(), want.imag.copy()))
+        return np.maximum(_ulp_distance(np.array(got.real, order="C"), np.array(want.real, order="C")),
+                          _ulp_distance(np.array(got.imag, order="C"), np.array(want.imag, order="C")))
     g, w = _ordinals(got), _ordinals(want)
     same_sign = (g >= 0) == (w >= 0)
     with np.errstate(over="ignore"):
@@ -147,10 +147,10 @@ def _mismatches(got: np.ndarray, want: np.ndarray, tolerance: Tolerance) -> tupl
         same = (g == w) | (np.isnan(g) & np.isnan(w))
         finite = np.isfinite(g) & np.isfinite(w)
         if tolerance.ulps is not None:
-            distance = _ulp_distance(np.ascontiguousarray(got), np.ascontiguousarray(want))
+            distance = _ulp_distance(np.array(got, order="C"), np.array(want, order="C"))
             bad = ~(same | (finite & (distance <= tolerance.ulps)))
             worst = distance[bad & finite].max() if (bad & finite).any() else 0
-            return bad, f"{tolerance.describe(got.dtype)}; max {worst:.0f} ulps"
+            return bad, f"{tolerance.describe(got.dtype)}; max {worst:.3g} ulps"
         rtol, atol = tolerance.of(got.dtype)
         close = finite & (np.abs(g - w) <= atol + rtol * np.abs(w))
     return ~(same | close), tolerance.describe(got.dtype)
@@ -173,7 +173,7 @@ def difference(label: str, got: Any, want: Any, tolerance: Tolerance) -> str | N
     index = tuple(int(i) for i in np.argwhere(bad)[0])
     absolute, relative = _errors(g, w, bad)
     return (f"  {label} differs from the reference in {int(bad.sum())} of {bad.size} elements\n"
-            f"    first mismatch at index {index}: kernel {g[index]}, reference {w[index]}\n"
+            f"    first mismatch at index {index}: kernel {g[index]!s}, reference {w[index]!s}\n"
             f"    max abs error {absolute}, max rel error {relative} ({note})")
 
 

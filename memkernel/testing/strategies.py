@@ -226,7 +226,8 @@ def laid_out(values: np.ndarray, strides: tuple[int | None, ...]) -> np.ndarray:
 def _buffer(contract: BufferContract, shape: tuple[int, ...], elements: Elements,
             views: bool) -> st.SearchStrategy[np.ndarray]:
     dtype = contract.dtypes[0]
-    values = _values(shape, dtype, _override(elements, contract.name, dtype) or default_elements(dtype))
+    chosen = _override(elements, contract.name, dtype)
+    values = _values(shape, dtype, default_elements(dtype) if chosen is None else chosen)
     layout = contract.layout_strides
     if layout is not None and any(s is not None for s in layout):
         return values.map(lambda v: laid_out(v, layout))
