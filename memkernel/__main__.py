@@ -1,4 +1,5 @@
-"""``python -m memkernel``: compile a small built-in kernel, check it against numpy, print the result."""
+"""``python -m memkernel``: with no arguments, compile a small built-in kernel, check it against numpy and
+print the result; with arguments, the command line (see :mod:`memkernel.cli`)."""
 
 from __future__ import annotations
 
@@ -48,4 +49,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 1:
+        from memkernel.cli import main as command_line
+
+        sys.exit(command_line())
     sys.exit(main())

@@ -1,0 +1,699 @@
+"""The ``memkernel`` command line: look at, call and time the functions of an MLIR file.
+
+``memkernel info FILE.mlir``
+    Each function with a body: its arguments (name, MLIR type, numpy dtype,
+    shape pattern, tied dims, whether the kernel may write it) and results.
+``memkernel call FILE.mlir FUNC --arg NAME=PATH.npy ... [--scalar NAME=VALUE ...] [--out DIR]``
+    Calls a function on ``.npy`` inputs and writes its outputs and results
+    as ``.npy`` files in DIR.
+``memkernel bench FILE.mlir FUNC --shape NAME=NxM ... [--scalar NAME=VALUE ...]``
+    Times calls on random inputs and splits the time into wrapper overhead
+    and kernel time, with GB/s and, for linalg ops, GFLOP/s.
+
+Arguments are named as in the MLIR source (``%a`` is ``a``; a name that is
+not a Python identifier becomes ``arg<i>``). The convention is the one of a
+decorated function: the arguments you give (``--arg``, ``--scalar``,
+``--shape``) are the leading MLIR arguments and are passed as they are, in
+place (what the kernel writes into them is written back and saved); the
+trailing memref arguments you leave out are outputs the call allocates.
+
+Errors print one line, ``memkernel: error: ...`` (MLIR's diagnostics follow
+a syntax error), and exit with status 1; ``--traceback`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cmath
+import inspect
+import keyword
+import math
+import re
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+from . import display
+from .errors import MemkernelError
+from .kernel import Kernel, mlir_kernel
+from .spec.shapes import Dim
+from .spec.signature import ArgSpec, MemRefSpec, ScalarSpec, read_signature
+from .spec.source import MLIR_LOCK, ParsedSource, parse_source
+
+
+class CommandLineError(MemkernelError, ValueError):
+    """A command-line argument memkernel cannot use: a file it cannot read, an argument name the
+    function does not have, a value that does not parse."""
+
+
+# -- reading the file ----------------------------------------------------------------
+
+
+def read_source(path: str) -> ParsedSource:
+    """The parsed MLIR file; CommandLineError if it cannot be read, MLIRSyntaxError if it does not parse."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise CommandLineError(f"cannot read {path}: {reason}") from None
+    return parse_source(text)
+
+
+_LOCATION = re.compile(r'loc\("[^"]*":(\d+):(\d+)\)')
+_SSA_NAME = re.compile(r"%([A-Za-z_$.\-][\w$.\-]*|\d+)")
+
+
+def check_function(parsed: ParsedSource, path: str, function: str) -> None:
+    """CommandLineError unless ``path`` defines ``func.func @function`` with a body; lists those it defines."""
+    with MLIR_LOCK, parsed.context:
+        defined = parsed.defined_names()
+    if function.lstrip("@") not in defined:
+        listed = ", ".join(defined) or "none"
+        raise CommandLineError(f"{path} defines no func.func @{function.lstrip('@')} with a body; it defines: {listed}")
+
+
+def argument_names(parsed: ParsedSource, function: str) -> list[str]:
+    """The Python names of ``@function``'s arguments: ``%a`` is ``a``, a keyword gets a ``_``
+    (``%in`` is ``in_``), a name that is no identifier (``%0``, ``%x.y``) is ``arg<i>``."""
+    lines = parsed.text.splitlines()
+    with MLIR_LOCK, parsed.context:
+        locations = [str(a.location) for a in parsed.function(function).regions[0].blocks[0].arguments]
+    names = []
+    for i, location in enumerate(locations):
+        found = _LOCATION.fullmatch(location)
+        name = ""
+        if found:
+            line, column = int(found.group(1)), int(found.group(2))
+            text = lines[line - 1].encode()[column - 1:].decode(errors="replace") if line <= len(lines) else ""
+            ssa = _SSA_NAME.match(text)
+            name = ssa.group(1) if ssa else ""
+        if keyword.iskeyword(name) or name == "out":
+            name += "_"
+        names.append(name if name.isidentifier() and name not in names else f"arg{i}")
+    return names
+
+
+def make_kernel(source: str, function: str, parameters: Sequence[str], pipeline: str | None = None,
+                opt_level: int = 3, shared_libs: Sequence[str] = ()) -> Kernel:
+    """``@function`` as a kernel whose Python parameters are ``parameters`` (the leading MLIR arguments);
+    the shapes of outputs come from the inputs and the kernel's ties."""
+
+    def shapes_from_inputs(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    shapes_from_inputs.__name__ = shapes_from_inputs.__qualname__ = function
+    shapes_from_inputs.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in parameters])
+    return mlir_kernel(source, name=function, pipeline=pipeline, opt_level=opt_level,
+                       shared_libs=shared_libs)(shapes_from_inputs)
+
+
+# -- info ------------------------------------------------------------------------------
+
+
+def _columns(rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
+    return ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+
+
+def _call_forms(kernel: Kernel, names: Sequence[str]) -> list[str]:
+    """``f(a, b, c)`` with every argument, and ``c = f(a, b)`` when trailing memrefs may be outputs."""
+    spec = kernel.spec
+    forms = [f"{spec.name}({', '.join(names)})"]
+    args = spec.signature.args
+    first_output = len(args)
+    while first_output > 0 and isinstance(args[first_output - 1], MemRefSpec) \
+            and not args[first_output - 1].tensor and first_output - 1 in spec.written:  # type: ignore[union-attr]
+        first_output -= 1
+    outputs = list(names[first_output:]) + [f"result{j}" for j in range(len(spec.signature.results))]
+    if first_output < len(args) or spec.signature.results:
+        forms.append(f"{', '.join(outputs)} = {spec.name}({', '.join(names[:first_output])})")
+    return forms
+
+
+def describe(kernel: Kernel, names: Sequence[str]) -> list[str]:
+    """The lines ``memkernel info`` prints for one kernel whose parameters name every argument."""
+    spec = kernel.spec
+    labels = display.dim_labels(spec)
+    rows = [["argument", "MLIR type", "dtype", "shape", "kernel", "tied to"]]
+    for i, arg in enumerate(spec.signature.args):
+        if isinstance(arg, ScalarSpec):
+            access = "scalar"
+        else:
+            access = "writes" if i in spec.written else "reads"
+        rows.append([names[i], arg.mlir, str(arg.element.dtype), display.shape_text(spec, i, labels), access,
+                     "; ".join(display.tied_to(spec, i))])
+    for j, result in enumerate(spec.signature.results):
+        rows.append([f"result{j}", result.mlir, str(result.element.dtype), "", "returns", ""])
+    forms = _call_forms(kernel, names)
+    lines = [f"@{spec.name}", f"  call:  {forms[0]}"]
+    lines += [f"     or: {form}   (memkernel allocates the outputs)" for form in forms[1:]]
+    return lines + _columns(rows)
+
+
+def run_info(options: argparse.Namespace) -> int:
+    parsed = read_source(options.file)
+    with MLIR_LOCK, parsed.context:
+        functions = parsed.defined_names()
+    if not functions:
+        raise CommandLineError(f"{options.file} defines no func.func with a body")
+    print(f"{options.file}: {len(functions)} function(s). Arguments are passed in place; trailing memrefs the "
+          "kernel writes may instead be left out and allocated.")
+    for function in functions:
+        print()
+        try:
+            names = argument_names(parsed, function)
+            print("\n".join(describe(make_kernel(parsed.text, function, names), names)))
+        except MemkernelError as exc:
+            print(f"@{function}\n  cannot be called from Python: {exc}")
+    return 0
+
+
+# -- arguments shared by call and bench ------------------------------------------------------
+
+
+def _pairs(entries: Sequence[str], option: str, value: str) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for entry in entries:
+        name, equals, text = entry.partition("=")
+        if not equals or not name:
+            raise CommandLineError(f"{option} expects NAME={value}, got {entry!r}")
+        if name in pairs:
+            raise CommandLineError(f"{option} {name} is given twice")
+        pairs[name] = text
+    return pairs
+
+
+@dataclass
+class Plan:
+    """Which MLIR arguments a command gives (the leading ones) and which the call allocates."""
+
+    function: str
+    names: list[str]
+    args: tuple[ArgSpec, ...]
+    n_given: int
+
+    @property
+    def given(self) -> list[str]:
+        return self.names[:self.n_given]
+
+    @property
+    def outputs(self) -> list[str]:
+        return self.names[self.n_given:]
+
+
+def plan_arguments(parsed: ParsedSource, path: str, function: str, given: Sequence[str], option: str) -> Plan:
+    """Check that the names ``given`` are the leading arguments of ``@function`` and the others trailing memrefs."""
+    check_function(parsed, path, function)
+    function = function.lstrip("@")
+    names = argument_names(parsed, function)
+    with MLIR_LOCK, parsed.context:
+        args = read_signature(parsed.function(function)).args
+    listed = ", ".join(f"{n} ({a.mlir})" for n, a in zip(names, args)) or "none"
+    for name in given:
+        if name not in names:
+            raise CommandLineError(f"@{function} has no argument {name!r}; its arguments: {listed}")
+    n_given = max((names.index(n) + 1 for n in given), default=0)
+    for i in range(len(args)):
+        needed = i < n_given or isinstance(args[i], ScalarSpec) or getattr(args[i], "tensor", False)
+        if names[i] not in given and needed:
+            what = "--scalar NAME=VALUE" if isinstance(args[i], ScalarSpec) else option
+            raise CommandLineError(
+                f"@{function} argument {names[i]!r} ({args[i].mlir}) is not given; pass it with "
+                f"{what.replace('NAME', names[i])}. Only trailing memref arguments may be left out (they are "
+                "outputs the call allocates).")
+    return Plan(function, names, args, n_given)
+
+
+def parse_scalar(function: str, name: str, spec: ScalarSpec, text: str) -> bool | int | float | complex:
+    """``text`` as a value of the scalar argument ``name``: a bool, an int, a float or a complex."""
+    kind = spec.element.kind
+    try:
+        if kind == "bool":
+            lowered = text.strip().lower()
+            if lowered not in ("true", "false", "1", "0"):
+                raise ValueError(text)
+            return lowered in ("true", "1")
+        if kind == "int":
+            return int(text, 0)
+        value = float(text) if kind == "float" else complex(text)
+    except ValueError:
+        what = {"bool": "true or false", "int": "an integer", "float": "a number", "complex": "a complex number"}
+        raise CommandLineError(
+            f"--scalar {name}={text}: @{function} argument {name!r} is {spec.mlir}, which takes {what[kind]}"
+        ) from None
+    if cmath.isinf(value) and "inf" not in text.lower():
+        raise CommandLineError(f"--scalar {name}={text}: the value overflows a double; @{function} argument "
+                               f"{name!r} is {spec.mlir}")
+    return value
+
+
+def scalars(plan: Plan, given: dict[str, str]) -> dict[str, Any]:
+    """The ``--scalar`` values, parsed; CommandLineError for one that names a memref."""
+    values = {}
+    for name, text in given.items():
+        spec = plan.args[plan.names.index(name)]
+        if not isinstance(spec, ScalarSpec):
+            raise CommandLineError(f"--scalar {name}: @{plan.function} argument {name!r} is {spec.mlir}, not a scalar")
+        values[name] = parse_scalar(plan.function, name, spec, text)
+    return values
+
+
+def parse_shape(name: str, text: str, option: str) -> tuple[int, ...]:
+    """``4x5`` (or ``4,5``) as ``(4, 5)``; ``""`` is the 0-d shape."""
+    parts = [p for p in re.split(r"[x,]", text.strip()) if p.strip()]
+    try:
+        shape = tuple(int(p) for p in parts)
+    except ValueError:
+        shape = (-1,)
+    if any(n < 0 for n in shape):
+        raise CommandLineError(f"{option} {name}={text}: a shape is sizes separated by x, e.g. 512x256")
+    return shape
+
+
+def _common_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", metavar="FILE.mlir", help="the MLIR source")
+    parser.add_argument("function", metavar="FUNC", help="the func.func to call (without @)")
+    parser.add_argument("--scalar", action="append", default=[], metavar="NAME=VALUE",
+                        help="a scalar argument: an integer (0x.. too), a number, true/false")
+    parser.add_argument("--pipeline", default=None, help='a preset ("default", "fast") or a pass pipeline')
+    parser.add_argument("--opt-level", type=int, default=3, choices=range(4), help="LLVM optimization level")
+    parser.add_argument("--lib", action="append", default=[], metavar="LIB",
+                        help="a shared library the kernel calls into (a path, or a name such as mlir_c_runner_utils)")
+
+
+# -- call ------------------------------------------------------------------------------
+
+
+def load_array(name: str, path: str) -> np.ndarray:
+    """The array of a ``.npy`` file; CommandLineError if it cannot be read or is no ``.npy`` file."""
+    try:
+        with open(path, "rb") as file:
+            magic = file.read(6)
+            file.seek(0)
+            loaded = np.load(file, allow_pickle=False) if magic == b"\x93NUMPY" else None
+    except (OSError, ValueError, EOFError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise CommandLineError(f"--arg {name}={path}: cannot load it: {reason}") from None
+    if loaded is None:
+        what = "an .npz archive" if magic.startswith(b"PK") else "not a .npy file"
+        raise CommandLineError(f"--arg {name}={path}: {what}; pass one .npy file (numpy.save) per argument")
+    return loaded  # type: ignore[no-any-return]
+
+
+def summary(array: np.ndarray) -> str:
+    """``float32 (4, 5) min -1.2 max 3.4``, or ``= value`` for a 0-d array."""
+    text = f"{array.dtype} {array.shape}"
+    if array.ndim == 0:
+        return f"{text} = {array[()]}"
+    if array.size == 0:
+        return f"{text} empty"
+    if array.dtype.kind == "c":
+        return f"{text} max |x| {np.abs(array).max():.6g}"
+    values = array if array.dtype.kind in "biuf" else array.astype(np.float64)
+    return f"{text} min {values.min()!r} max {values.max()!r}" if values.dtype.kind == "b" \
+        else f"{text} min {values.min():.6g} max {values.max():.6g}"
+
+
+def _returned(kernel: Kernel, returned: Any) -> tuple[list[Any], list[Any]]:
+    """A call's return value split into (outputs, results)."""
+    spec = kernel.spec
+    count = spec.n_outputs + len(spec.signature.results)
+    values = [] if count == 0 else [returned] if count == 1 else list(returned)
+    return values[:spec.n_outputs], values[spec.n_outputs:]
+
+
+def _save(directory: Path, name: str, value: Any) -> str:
+    path = directory / f"{name}.npy"
+    array = np.asarray(value)
+    try:
+        np.save(path, array)
+    except OSError as exc:
+        raise CommandLineError(f"cannot write {path}: {exc.strerror or exc}") from None
+    return f"{name}: {summary(array)} -> {path}"
+
+
+def _refuse_overwriting_inputs(directory: Path, saved: Sequence[str], inputs: dict[str, str]) -> None:
+    """CommandLineError if a file the call would write is one of its ``--arg`` inputs."""
+    read = {Path(path).resolve(): name for name, path in inputs.items()}
+    for name in saved:
+        target = (directory / f"{name}.npy").resolve()
+        if target in read:
+            raise CommandLineError(f"writing {name} to {directory / f'{name}.npy'} would overwrite the input "
+                                   f"--arg {read[target]}={inputs[read[target]]}; pass another --out DIR")
+
+
+def run_call(options: argparse.Namespace) -> int:
+    parsed = read_source(options.file)
+    arrays_given = _pairs(options.arg, "--arg", "PATH.npy")
+    scalars_given = _pairs(options.scalar, "--scalar", "VALUE")
+    both = sorted(set(arrays_given) & set(scalars_given))
+    if both:
+        raise CommandLineError(f"{both[0]} is given both as --arg and as --scalar")
+    plan = plan_arguments(parsed, options.file, options.function, [*arrays_given, *scalars_given], "--arg NAME=PATH.npy")
+    values = scalars(plan, scalars_given)
+    for name, path in arrays_given.items():
+        if isinstance(plan.args[plan.names.index(name)], ScalarSpec):
+            raise CommandLineError(f"--arg {name}: @{plan.function} argument {name!r} is a scalar; pass --scalar "
+                                   f"{name}=VALUE")
+        values[name] = load_array(name, path)
+    directory = Path(options.out)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CommandLineError(f"cannot create --out {directory}: {exc.strerror or exc}") from None
+    kernel = make_kernel(parsed.text, plan.function, plan.given, options.pipeline, options.opt_level, options.lib)
+    written = [name for i, name in enumerate(plan.given)
+               if i in kernel.spec.written and not getattr(plan.args[i], "tensor", False)]
+    saved = written + plan.outputs + [f"result{j}" for j in range(len(kernel.spec.signature.results))]
+    _refuse_overwriting_inputs(directory, saved, arrays_given)
+    outputs, results = _returned(kernel, kernel(*(values[n] for n in plan.given)))
+    lines = [_save(directory, name, value) for name, value in zip(saved, [values[n] for n in written] + outputs
+                                                                    + results)]
+    print("\n".join(lines) if lines else f"@{plan.function} wrote nothing and returned nothing")
+    return 0
+
+
+# -- bench -----------------------------------------------------------------------------
+
+
+class Progress:
+    """A progress line on ``stream``, shown once a run has taken longer than a second, erased at the end."""
+
+    def __init__(self, stream: TextIO, delay: float = 1.0) -> None:
+        self._stream = stream
+        self._started = time.perf_counter()
+        self._delay = delay
+        self._shown = 0
+        self._last = 0.0
+
+    def update(self, text: str) -> None:
+        now = time.perf_counter()
+        if now - self._started < self._delay or now - self._last < 0.1:
+            return
+        line = f"memkernel bench: {text} ({now - self._started:.1f} s)"
+        self._stream.write("\r" + line.ljust(self._shown))
+        self._stream.flush()
+        self._shown, self._last = len(line), now
+
+    def close(self) -> None:
+        if self._shown:
+            self._stream.write("\r" + " " * self._shown + "\r")
+            self._stream.flush()
+
+
+def random_array(shape: tuple[int, ...], dtype: np.dtype, rng: np.random.Generator) -> np.ndarray:
+    """Random floats (standard normal), bools and complex numbers; integers are all 1 (a safe divisor)."""
+    if dtype.kind == "b":
+        return rng.integers(0, 2, shape).astype(dtype)
+    if dtype.kind in "iu":
+        return np.ones(shape, dtype)
+    if dtype.kind == "c":
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def smallest_shapes(kernel: Kernel, shapes: dict[int, tuple[int, ...]]) -> dict[int, tuple[int, ...]]:
+    """The given arguments' shapes with every free dim 1: static dims, dims tied to them and the
+    bounds of affine accesses keep their sizes, tied dims stay equal."""
+    spec = kernel.spec
+    sizes: dict[Dim, int] = {}
+    for i, shape in shapes.items():
+        arg = spec.signature.args[i]
+        for k, given in enumerate(shape):
+            static = arg.shape[k] if isinstance(arg, MemRefSpec) else None
+            sizes[Dim(i, k)] = static if static is not None else min(given, 1)
+    for _ in range(len(sizes) + 1):
+        before = dict(sizes)
+        for tie in spec.shapes.ties:
+            if tie.b is None:
+                if tie.a in sizes:
+                    sizes[tie.a] = tie.size
+            elif tie.a in sizes and tie.b in sizes:
+                sizes[tie.a] = sizes[tie.b] = max(sizes[tie.a], sizes[tie.b])
+        for bound in spec.shapes.bounds:
+            if bound.target in sizes and all(d in sizes for _, d in bound.terms):
+                lengths = [sizes[d] for _, d in bound.terms]
+                needed = sum(c * (n - 1) for (c, _), n in zip(bound.terms, lengths)) + bound.constant + 1
+                sizes[bound.target] = max(sizes[bound.target], needed)
+        if sizes == before:
+            break
+    return {i: tuple(sizes[Dim(i, k)] for k in range(len(shape))) for i, shape in shapes.items()}
+
+
+def _time_calls(call: Callable[[], Any], budget: float, repeat: int | None, progress: Progress,
+                what: str) -> list[float]:
+    """Per-call times: ``repeat`` batches, else batches until ``budget`` seconds; a batch is
+    as many calls as take about a millisecond."""
+    started = time.perf_counter()
+    call()
+    once = time.perf_counter() - started
+    batch = max(1, min(1000, int(1e-3 / max(once, 1e-9))))
+    times: list[float] = []
+    started = time.perf_counter()
+    while (len(times) < repeat) if repeat else (len(times) < 3 or time.perf_counter() - started < budget):
+        t0 = time.perf_counter()
+        for _ in range(batch):
+            call()
+        times.append((time.perf_counter() - t0) / batch)
+        progress.update(f"{what}: {len(times) * batch} calls")
+    return times
+
+
+def _seconds(t: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if t >= scale:
+            return f"{t / scale:.3g} {unit}"
+    return f"{t / 1e-9:.3g} ns"
+
+
+def run_bench(options: argparse.Namespace) -> int:
+    parsed = read_source(options.file)
+    shapes_given = _pairs(options.shape, "--shape", "NxM")
+    scalars_given = _pairs(options.scalar, "--scalar", "VALUE")
+    plan = plan_arguments(parsed, options.file, options.function, [*shapes_given, *scalars_given], "--shape NAME=NxM")
+    values = scalars(plan, scalars_given)
+    shapes = {plan.names.index(n): parse_shape(n, text, "--shape") for n, text in shapes_given.items()}
+    for i in shapes:
+        if isinstance(plan.args[i], ScalarSpec):
+            raise CommandLineError(f"--shape {plan.names[i]}: @{plan.function} argument {plan.names[i]!r} is a "
+                                   f"scalar; pass --scalar {plan.names[i]}=VALUE")
+    kernel = make_kernel(parsed.text, plan.function, plan.given, options.pipeline, options.opt_level, options.lib)
+    started = time.perf_counter()
+    kernel.compile()
+    compile_time = time.perf_counter() - started
+    rng = np.random.default_rng(0)
+
+    def arguments(shapes: dict[int, tuple[int, ...]]) -> list[Any]:
+        arrays = {}
+        for i, shape in shapes.items():
+            try:
+                arrays[plan.names[i]] = random_array(shape, plan.args[i].element.dtype, rng)
+            except MemoryError:
+                raise CommandLineError(f"--shape {plan.names[i]}={'x'.join(map(str, shape))}: not enough memory "
+                                       "for an array of that shape") from None
+        return [arrays[n] if n in arrays else values[n] for n in plan.given]
+
+    full = arguments(shapes)
+    small = arguments(smallest_shapes(kernel, shapes))
+    outputs, results = _returned(kernel, kernel(*full))
+    kernel(*small)
+    progress = Progress(sys.stderr)
+    try:
+        calls = _time_calls(lambda: kernel(*full), 1.0, options.repeat, progress, "timing the call")
+        overhead = _time_calls(lambda: kernel(*small), 0.2, None, progress, "timing the overhead")
+    finally:
+        progress.close()
+    arrays = [a for a in [*full, *outputs, *results] if isinstance(a, np.ndarray)]
+    all_shapes = [a.shape if isinstance(a, np.ndarray) else None for a in [*full, *outputs]]
+    print("\n".join(bench_report(kernel, plan, full, small, all_shapes, arrays, calls, overhead, compile_time)))
+    return 0
+
+
+def bench_report(kernel: Kernel, plan: Plan, full: Sequence[Any], small: Sequence[Any],
+                 shapes: Sequence[tuple[int, ...] | None], arrays: Sequence[np.ndarray], calls: Sequence[float],
+                 overhead: Sequence[float], compile_time: float) -> list[str]:
+    """The lines ``memkernel bench`` prints."""
+
+    def described(args: Sequence[Any]) -> str:
+        return ", ".join(f"{n} {a.dtype}{list(a.shape)}" if isinstance(a, np.ndarray) else f"{n}={a!r}"
+                         for n, a in zip(plan.given, args))
+
+    best, median, wrapper = min(calls), float(np.median(calls)), min(overhead)
+    kernel_time = max(best - wrapper, 0.0)
+    size = sum(a.nbytes for a in arrays)
+    lines = [
+        f"@{plan.function}({described(full)})" + (f" -> {', '.join(plan.outputs)} allocated" if plan.outputs else ""),
+        f"  compile:          {_seconds(compile_time)} (or loaded from the disk cache)",
+        f"  call:             {_seconds(best)} best, {_seconds(median)} median of {len(calls)} batches",
+        f"  wrapper overhead: {_seconds(wrapper)} (a call on the smallest shapes: {described(small)})",
+        f"  kernel:           {_seconds(kernel_time)} (call - overhead)",
+    ]
+    if kernel_time > 0:
+        lines.append(f"  bandwidth:        {size / kernel_time / 1e9:.3g} GB/s ({size:,} bytes of arrays / kernel)")
+        flops = linalg_flops(kernel, shapes)
+        if flops is not None and flops[0] > 0:
+            lines.append(f"  compute:          {flops[0] / kernel_time / 1e9:.3g} GFLOP/s ({flops[0]:,} flops: "
+                         f"{', '.join(flops[1])})")
+    return lines
+
+
+# -- flops of linalg ops -------------------------------------------------------------------
+
+_FLOPS = {name: 1 for name in (
+    "arith.addf", "arith.subf", "arith.mulf", "arith.divf", "arith.remf", "arith.negf", "arith.maximumf",
+    "arith.minimumf", "arith.maxnumf", "arith.minnumf", "arith.addi", "arith.subi", "arith.muli", "arith.divsi",
+    "arith.divui", "arith.remsi", "arith.remui", "arith.maxsi", "arith.minsi", "arith.maxui", "arith.minui")}
+_FLOPS["math.fma"] = 2
+_LOOPS = ("scf.for", "scf.while", "scf.parallel", "scf.forall", "affine.for", "affine.parallel", "cf.br", "cf.cond_br")
+
+
+def _body_flops(op: Any) -> int:
+    count = 0
+    for inner in op.regions[0].blocks[0].operations:
+        name = inner.operation.name
+        count += _FLOPS.get(name, 1 if name.startswith("math.") else 0)
+    return count
+
+
+def linalg_flops(kernel: Kernel, shapes: Sequence[tuple[int, ...] | None]) -> tuple[int, list[str]] | None:
+    """The arithmetic a call does, when all of it is in linalg ops on the kernel's arguments:
+    per op, its iterations (the sizes of its loop dims, read from the arguments' ``shapes`` through
+    the indexing maps) times the arithmetic ops of its body (``linalg.matmul``: 2·M·N·K).
+    None when the kernel has loops of its own or an op whose loop sizes are not all known."""
+    from mlir import ir, passmanager
+
+    from .spec.shapes import _argument_of, _structured_names, _unconditional
+
+    parsed = parse_source(kernel.options.source)
+    with MLIR_LOCK, parsed.context:
+        names = _structured_names(parsed.module)
+        passmanager.PassManager.parse("builtin.module(func.func(linalg-generalize-named-ops))").run(
+            parsed.module.operation)
+        func = parsed.function(kernel.spec.name)
+        entry = func.regions[0].blocks[0]
+        total, described = 0, []
+        for op in _walk(func):
+            if op.name in _LOOPS or (op.name.startswith("linalg.") and "indexing_maps" not in op.attributes
+                                     and op.name not in ("linalg.yield", "linalg.index")):
+                return None
+            if not op.name.startswith("linalg.") or "indexing_maps" not in op.attributes:
+                continue
+            if not _unconditional(op, func):
+                return None
+            maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
+            loops: dict[int, int] = {}
+            for value, amap in zip(op.operands, maps):
+                arg = _argument_of(value, entry)
+                shape = shapes[arg] if arg is not None and arg < len(shapes) else None
+                for k, expr in enumerate(amap.results if shape is not None else []):
+                    if isinstance(expr, ir.AffineDimExpr):
+                        loops[expr.position] = shape[k]  # type: ignore[index]
+            per_iteration = _body_flops(op)
+            if per_iteration == 0:
+                continue
+            if len(loops) != maps[0].n_dims:
+                return None
+            total += per_iteration * math.prod(loops.values())
+            described.append(f"{names.get(str(op.location), op.name)} {per_iteration}·" + "·".join(
+                str(loops[d]) for d in sorted(loops)))
+    return total, described
+
+
+def _walk(op: Any) -> Iterator[Any]:
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                yield inner.operation
+                yield from _walk(inner.operation)
+
+
+# -- main --------------------------------------------------------------------------------
+
+
+CONVENTION = """\
+Arguments are named as in the MLIR source (%a is a; %in is in_; %0 is arg<i>).
+The arguments you give are the leading ones and are passed in place: what the
+kernel writes into them is saved. Trailing memref arguments you leave out are
+outputs the call allocates; their ? dims come from the dims they are tied to."""
+
+CALL_EXAMPLE = CONVENTION + """
+
+example:
+  memkernel call matmul.mlir matmul --arg a=a.npy --arg b=b.npy --out results
+  (writes results/c.npy, c being matmul's third argument, allocated)"""
+
+BENCH_EXAMPLE = CONVENTION + """ Integer arrays are
+filled with 1, floats with standard normal values.
+
+example:
+  memkernel bench matmul.mlir matmul --shape a=512x512 --shape b=512x512 --pipeline fast"""
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    """The ``memkernel`` argument parser, with its ``info``, ``call`` and ``bench`` subcommands."""
+    common = argparse.ArgumentParser(add_help=False)
+    # SUPPRESS: a command's default must not undo a --traceback given before the command.
+    common.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS,
+                        help="show the traceback of an error")
+    top = argparse.ArgumentParser(
+        prog="memkernel", parents=[common], formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Look at, call and time the func.func kernels of an MLIR file. With no command, "
+                    "`python -m memkernel` runs a demo.",
+        epilog=CONVENTION)
+    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    info = commands.add_parser("info", parents=[common], help="show each function's arguments and results",
+                               description="Show each function with a body: its call signature, its arguments' "
+                                           "MLIR types, numpy dtypes, shape patterns and tied dims, which it "
+                                           "writes, and its results.")
+    info.add_argument("file", metavar="FILE.mlir", help="the MLIR source")
+    info.set_defaults(run=run_info)
+    call = commands.add_parser("call", parents=[common], help="call a function on .npy files", epilog=CALL_EXAMPLE,
+                               formatter_class=argparse.RawDescriptionHelpFormatter,
+                               description="Call FUNC on .npy inputs; write the outputs, the arguments it "
+                                           "writes in place and its results (result0, ...) as NAME.npy in DIR.")
+    _common_options(call)
+    call.add_argument("--arg", action="append", default=[], metavar="NAME=PATH.npy", help="an array argument")
+    call.add_argument("--out", default=".", metavar="DIR", help="where to write the .npy files (default: .)")
+    call.set_defaults(run=run_call)
+    bench = commands.add_parser("bench", parents=[common], help="time a function on random inputs",
+                                epilog=BENCH_EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                description="Time FUNC on random inputs of the given shapes; split the time "
+                                            "into the wrapper's overhead (a call on the smallest shapes) and "
+                                            "the kernel's, with GB/s and, for linalg ops, GFLOP/s.")
+    _common_options(bench)
+    bench.add_argument("--shape", action="append", default=[], metavar="NAME=NxM",
+                       help="an array argument's shape (random data; integers are 1)")
+    bench.add_argument("--repeat", type=_positive, default=None, metavar="N",
+                       help="time N batches of calls (default: as many as fit in a second)")
+    bench.set_defaults(run=run_bench)
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line on ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    options = parser().parse_args(argv)
+    try:
+        return int(options.run(options))
+    except MemkernelError as exc:
+        if getattr(options, "traceback", False):
+            traceback.print_exc()
+        print(f"memkernel: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
