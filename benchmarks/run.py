@@ -14,6 +14,7 @@ import argparse
 import ctypes
 import functools
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -215,12 +216,12 @@ def not_installed(benchmark: str, variant: str) -> Row:
     return (benchmark, variant, "not installed", "—", "—")
 
 
-def alternating_seconds(cases: Sequence[Case], settings: Settings) -> list[float]:
-    """Seconds per call of each case, the minimum over repeats, timed in turns.
+def alternating_rounds(cases: Sequence[Case], settings: Settings) -> list[list[float]]:
+    """Seconds per call of each case in each round: ``rounds[r][i]`` for case ``i``.
 
     Each case's timeit loop is calibrated to last at least ``min_seconds``; then every
-    repeat times each case once, in order, so a noisy neighbour slows all of them alike
-    instead of whichever was running when it came.
+    round times each case once, in order, so a noisy neighbour slows the cases of a round
+    alike instead of whichever was running when it came.
     """
     timers = [timeit.Timer(case.call) for case in cases if case.call is not None]
     numbers = []
@@ -229,11 +230,8 @@ def alternating_seconds(cases: Sequence[Case], settings: Settings) -> list[float
         while timer.timeit(number) < settings.min_seconds:
             number *= 2
         numbers.append(number)
-    best = [float("inf")] * len(cases)
-    for _ in range(settings.repeats):
-        for i, (timer, number) in enumerate(zip(timers, numbers)):
-            best[i] = min(best[i], timer.timeit(number) / number)
-    return best
+    return [[timer.timeit(number) / number for timer, number in zip(timers, numbers)]
+            for _ in range(settings.repeats)]
 
 
 def compare(benchmark: str, cases: Sequence[Case], expected: np.ndarray, settings: Settings,
@@ -241,23 +239,27 @@ def compare(benchmark: str, cases: Sequence[Case], expected: np.ndarray, setting
             atol: float = 0.0) -> list[Row]:
     """Time each case against the first (the numpy baseline), in turns; rows in the cases' order.
 
-    The ratio is time / baseline time, or with ``throughput`` baseline time / time.
-    Results are checked against ``expected`` within ``rtol`` and ``atol`` (exactly by default).
+    The time shown is a case's fastest round. The ratio is the median over rounds of the
+    round's ratio, time / baseline time (with ``throughput``, baseline time / time): the two
+    sides of each ratio ran moments apart. Results are checked against ``expected`` within
+    ``rtol`` and ``atol`` (exactly by default).
     """
     installed_cases = [case for case in cases if case.call is not None]
     for case in installed_cases:
         verify(case, expected, rtol, atol)
-    timings = dict(zip(map(id, installed_cases), alternating_seconds(installed_cases, settings)))
-    base = timings[id(cases[0])]
+    rounds = alternating_rounds(installed_cases, settings)
+    column = {id(case): i for i, case in enumerate(installed_cases)}
+    base = column[id(cases[0])]
     rows: list[Row] = []
     for case in cases:
-        if id(case) not in timings:
+        if id(case) not in column:
             rows.append(not_installed(benchmark, case.variant))
             continue
-        seconds = timings[id(case)]
-        ratio = base / seconds if throughput else seconds / base
+        i = column[id(case)]
+        ratios = [r[base] / r[i] if throughput else r[i] / r[base] for r in rounds]
+        ratio = statistics.median(ratios)
         verdict = case.target.verdict(ratio) if case.target else "—"
-        rows.append((benchmark, case.variant, show(seconds), f"{ratio:.2f}", verdict))
+        rows.append((benchmark, case.variant, show(min(r[i] for r in rounds)), f"{ratio:.2f}", verdict))
     return rows
 
 
@@ -682,7 +684,8 @@ def machine() -> str:
 NOTES = """\
 - Each time is the minimum over repeats of the mean of a timeit loop, after a call that
   checks the result against numpy; the variants of a group are timed in turns, one loop
-  each per round, so load from other processes falls on all of them alike. The ratio is time / numpy time of the same group, except
+  each per round, so load from other processes falls on all of them alike. The ratio is
+  the median over rounds of each round's time / numpy time of the same group, except
   for the rows shown in GB/s or GFLOP/s (throughput / numpy's, higher is better), the
   parallel rows (time / serial time) and compile time (see its rows).
 - Targets: memkernel `out=` ≤ 3× `np.add(out=)`; allocating ≤ 5× `np.add`; add bandwidth

@@ -280,6 +280,17 @@ def test_integer_convolution_takes_the_default_lowering_with_fast():
     check_convolution(kernel, op, shapes, np.int32)
 
 
+def test_a_kernel_whose_convolution_strategy_fails_computes_with_the_default_lowering(monkeypatch):
+    op = "conv_2d_nhwc_hwcf"
+    shapes = convolution_shapes(op, 1, (6, 7), (3, 3), 4, 5, 1, 1)
+    parameters = CONVOLUTIONS[f"linalg.{op}"].parameters(f"linalg.{op}", {"ow": 6, "f": 16, "c": 4})
+    broken = Strategy("convolution.mlir", False, lambda module: {**parameters, "channel_loop": "7"})
+    monkeypatch.setitem(PRESETS, "fast", (broken,))
+    kernel = mlir_kernel(convolution_source(op, "f32", shapes), pipeline="fast", cache=False)(lambda x, w: None)
+    assert "vector." not in kernel.ir("vectorized") and f"linalg.{op}" in kernel.ir("vectorized")
+    check_convolution(kernel, op, shapes, np.float32)
+
+
 def test_a_failing_convolution_strategy_falls_back_to_the_default_lowering():
     op = "conv_2d_nhwc_hwcf"
     shapes = convolution_shapes(op, 1, (6, 7), (3, 3), 4, 5, 1, 1)
