@@ -13,7 +13,7 @@ import dataclasses
 from typing import Any
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 
 from ..errors import SignatureError
 from ..kernel import Kernel
@@ -23,6 +23,9 @@ from .copies import layout_copies
 from .strategies import arguments
 
 _SHOWN_ELEMENTS = 64
+# Hypothesis's explain phase re-runs the shrunk example many times to say which parts matter; the
+# report shows the whole example instead.
+_PHASES = [phase for phase in Phase if phase is not Phase.explain]
 
 
 def with_pipeline(kernel: Kernel, pipeline: str) -> Kernel:
@@ -72,7 +75,7 @@ def _show(names: list[str], values: tuple[Any, ...]) -> str:
 def check_equivalent(a: Kernel, b: Kernel | str, *, name: str | None = None, examples: int = 200,
                      rtol: float | None = None, atol: float | None = None, ulps: int | None = None,
                      **strategy_options: Any) -> None:
-    """Check on drawn arguments that kernels ``a`` and ``b`` compute the same outputs and results.
+    """Check on drawn arguments that kernel ``a`` computes the same outputs and results as ``b``, the reference.
 
     ``b`` is another kernel with the same signature, or a pipeline (a preset
     name or a pass pipeline): then it is ``a``'s source and function compiled
@@ -96,12 +99,14 @@ def check_equivalent(a: Kernel, b: Kernel | str, *, name: str | None = None, exa
     tolerance = Tolerance(rtol, atol, ulps)
     failing: list[tuple[Any, ...]] = []
 
-    @settings(max_examples=examples, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=examples, database=None, deadline=None, suppress_health_check=list(HealthCheck),
+              phases=_PHASES)
     @given(arguments(a, **strategy_options))
     def same_results(args: tuple[Any, ...]) -> None:
         got = _observe(a, layout_copies(args), labels)
         want = _observe(other, layout_copies(args), labels)
-        header = f"{a.spec.name} differs from {other.spec.name}\n  arguments: {describe_arguments(names, args)}"
+        header = (f"{a.spec.name} (the kernel) differs from {other.spec.name} (the reference)\n"
+                  f"  arguments: {describe_arguments(names, args)}")
         try:
             assert_equal_values(header, labels, got, want, tolerance)
         except AssertionError:

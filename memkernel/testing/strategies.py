@@ -107,22 +107,6 @@ def _satisfy_bounds(sizes: dict[Dim, int], classes: _Classes, bounds: tuple[Boun
     return False
 
 
-def _sizes(kernel: Kernel, min_side: int, max_side: int) -> st.SearchStrategy[tuple[_Classes, dict[Dim, int]]]:
-    spec = kernel.spec
-    classes = _Classes(spec.signature.args, spec.shapes)
-
-    @st.composite
-    def draw_sizes(draw: st.DrawFn) -> tuple[_Classes, dict[Dim, int]]:
-        sizes = {}
-        for root in classes.roots():
-            fixed = classes.fixed_size(root)
-            sizes[root] = fixed if fixed is not None else draw(st.integers(min_side, max_side))
-        assume(_satisfy_bounds(sizes, classes, spec.shapes.bounds))
-        return classes, sizes
-
-    return draw_sizes()
-
-
 # -- element values ---------------------------------------------------------------
 
 
@@ -184,8 +168,7 @@ def _values(shape: tuple[int, ...], dtype: np.dtype, elements: st.SearchStrategy
     return hnp.arrays(np.dtype(np.float64), shape, elements=elements.map(float)).map(lambda a: a.astype(dtype))
 
 
-@st.composite
-def _view(draw: st.DrawFn, values: np.ndarray) -> np.ndarray:
+def _as_view(draw: st.DrawFn, values: np.ndarray) -> np.ndarray:
     """``values`` as a view: dims permuted, stepped, reversed, and the whole offset in its buffer.
     Shrinks to a plain contiguous copy."""
     if values.ndim == 0 or not draw(st.booleans()):
@@ -223,27 +206,56 @@ def laid_out(values: np.ndarray, strides: tuple[int | None, ...]) -> np.ndarray:
     return view
 
 
-def _buffer(contract: BufferContract, shape: tuple[int, ...], elements: Elements,
-            views: bool) -> st.SearchStrategy[np.ndarray]:
-    dtype = contract.dtypes[0]
-    chosen = _override(elements, contract.name, dtype)
-    values = _values(shape, dtype, default_elements(dtype) if chosen is None else chosen)
-    layout = contract.layout_strides
-    if layout is not None and any(s is not None for s in layout):
-        return values.map(lambda v: laid_out(v, layout))
-    return values.flatmap(_view) if views else values
+class _Drawer:
+    """Draws one argument tuple; everything that does not depend on the drawn sizes is built once."""
 
+    def __init__(self, kernel: Kernel, min_side: int, max_side: int, elements: Elements, views: bool) -> None:
+        spec = kernel.spec
+        self.contracts = spec.contracts[:spec.n_inputs]
+        self.classes = _Classes(spec.signature.args, spec.shapes)
+        self.bounds = spec.shapes.bounds
+        self.side = st.integers(min_side, max_side)
+        self.views = views
+        self.scalars = {c.index: _scalar(c, elements) for c in self.contracts if isinstance(c, ScalarContract)}
+        self.elements: dict[int, st.SearchStrategy[Any]] = {}
+        for c in self.contracts:
+            if isinstance(c, BufferContract):
+                chosen = _override(elements, c.name, c.dtypes[0])
+                self.elements[c.index] = default_elements(c.dtypes[0]) if chosen is None else chosen
+        self.arrays: dict[tuple[int, tuple[int, ...]], st.SearchStrategy[np.ndarray]] = {}
 
-def _unranked_shape(min_side: int, max_side: int) -> st.SearchStrategy[tuple[int, ...]]:
-    return st.integers(0, 3).flatmap(lambda rank: st.tuples(*[st.integers(min_side, max_side)] * rank))
+    def sizes(self, draw: st.DrawFn) -> dict[Dim, int]:
+        sizes = {}
+        for root in self.classes.roots():
+            fixed = self.classes.fixed_size(root)
+            sizes[root] = fixed if fixed is not None else draw(self.side)
+        assume(_satisfy_bounds(sizes, self.classes, self.bounds))
+        return sizes
 
+    def array(self, draw: st.DrawFn, contract: BufferContract, shape: tuple[int, ...]) -> np.ndarray:
+        key = (contract.index, shape)
+        if key not in self.arrays:
+            self.arrays[key] = _values(shape, contract.dtypes[0], self.elements[contract.index])
+        values = draw(self.arrays[key])
+        layout = contract.layout_strides
+        if layout is not None and any(s is not None for s in layout):
+            return laid_out(values, layout)
+        return _as_view(draw, values) if self.views else values
 
-def _unranked(contract: BufferContract, min_side: int, max_side: int, elements: Elements,
-              views: bool) -> st.SearchStrategy[np.ndarray]:
-    def buffer(shape: tuple[int, ...]) -> st.SearchStrategy[np.ndarray]:
-        return _buffer(contract, shape, elements, views)
-
-    return _unranked_shape(min_side, max_side).flatmap(buffer)
+    def draw(self, draw: st.DrawFn) -> tuple[Any, ...]:
+        sizes = self.sizes(draw)
+        drawn = []
+        for contract in self.contracts:
+            if isinstance(contract, ScalarContract):
+                drawn.append(draw(self.scalars[contract.index]))
+            elif isinstance(contract.spec, MemRefSpec):
+                root = self.classes.root
+                shape = tuple(sizes[root(Dim(contract.index, k))] for k in range(contract.spec.rank))
+                drawn.append(self.array(draw, contract, shape))
+            else:
+                rank = draw(st.integers(0, 3))
+                drawn.append(self.array(draw, contract, tuple(draw(self.side) for _ in range(rank))))
+        return tuple(drawn)
 
 
 # -- the strategy -----------------------------------------------------------------
@@ -275,20 +287,10 @@ def arguments(kernel: Kernel, *, max_side: int = 8, min_side: int = 0, elements:
     """
     if not 0 <= min_side <= max_side:
         raise ValueError(f"arguments(): need 0 <= min_side <= max_side, got min_side={min_side}, max_side={max_side}")
-    spec = kernel.spec
-    contracts = spec.contracts[:spec.n_inputs]
+    drawer = _Drawer(kernel, min_side, max_side, elements, views)
 
-    def draw_arguments(drawn: tuple[_Classes, dict[Dim, int]]) -> st.SearchStrategy[tuple[Any, ...]]:
-        classes, sizes = drawn
-        parts: list[st.SearchStrategy[Any]] = []
-        for contract in contracts:
-            if isinstance(contract, ScalarContract):
-                parts.append(_scalar(contract, elements))
-            elif isinstance(contract.spec, MemRefSpec):
-                shape = tuple(sizes[classes.root(Dim(contract.index, k))] for k in range(contract.spec.rank))
-                parts.append(_buffer(contract, shape, elements, views))
-            else:
-                parts.append(_unranked(contract, min_side, max_side, elements, views))
-        return st.tuples(*parts)
+    @st.composite
+    def kernel_arguments(draw: st.DrawFn) -> tuple[Any, ...]:
+        return drawer.draw(draw)
 
-    return _sizes(kernel, min_side, max_side).flatmap(draw_arguments)
+    return kernel_arguments()
