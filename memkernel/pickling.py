@@ -15,7 +15,8 @@ plain :mod:`pickle` takes module-level functions only, cloudpickle (which
 Dask uses) also carries lambdas and closures. Callbacks pickle when their
 callables do. The unpickled kernel is decorated afresh and compiles at its
 first call, or loads the code from the disk cache (``$MEMKERNEL_CACHE_DIR``)
-when a process on that machine compiled it before.
+when a process on that machine compiled it before. A process that unpickles
+the same kernel again gets the kernel it rebuilt the first time.
 
 :func:`reduce_by_value` is the by-value form on its own, for carriers that
 must not depend on the receiving process having the kernel's module: a
@@ -26,6 +27,10 @@ worker (see :mod:`memkernel.dask`).
 from __future__ import annotations
 
 import sys
+import threading
+import uuid
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +38,13 @@ if TYPE_CHECKING:
     from .kernel import Kernel, KernelOptions
 
 Reduced = tuple[Callable[..., Any], tuple[Any, ...]]
+
+KEEP_REBUILT = 32
+"""How many kernels unpickled by value a process keeps for the next unpickling of the same kernel."""
+
+_lock = threading.Lock()
+_tokens: weakref.WeakKeyDictionary[Kernel, str] = weakref.WeakKeyDictionary()
+_rebuilt: OrderedDict[str, Kernel] = OrderedDict()
 
 
 def resolves_by_name(kernel: Kernel) -> bool:
@@ -50,8 +62,15 @@ def resolves_by_name(kernel: Kernel) -> bool:
 
 
 def reduce_by_value(kernel: Kernel) -> Reduced:
-    """The ``__reduce__`` tuple that rebuilds ``kernel`` from its options and its shape function."""
-    return rebuild, (kernel.options, kernel._function)
+    """The ``__reduce__`` tuple that rebuilds ``kernel`` from its options and its shape function.
+
+    It carries a token naming this kernel (random, kept while the kernel
+    lives), so that a process unpickling the same kernel again (a Dask worker
+    receives it with every task) reuses the kernel it rebuilt the first time.
+    """
+    with _lock:
+        token = _tokens.setdefault(kernel, uuid.uuid4().hex)
+    return rebuild, (kernel.options, kernel._function, token)
 
 
 def reduce(kernel: Kernel) -> str | Reduced:
@@ -61,6 +80,18 @@ def reduce(kernel: Kernel) -> str | Reduced:
     return reduce_by_value(kernel)
 
 
-def rebuild(options: KernelOptions, function: Callable[..., Any]) -> Kernel:
-    """The kernel ``options.decorator()`` makes of ``function``: what a kernel pickled by value unpickles to."""
-    return options.decorator()(function)
+def rebuild(options: KernelOptions, function: Callable[..., Any], token: str) -> Kernel:
+    """What a kernel pickled by value unpickles to: the one rebuilt before for ``token``, or
+    ``options.decorator()(function)``. The :data:`KEEP_REBUILT` most recently used are kept."""
+    with _lock:
+        kernel = _rebuilt.get(token)
+        if kernel is not None:
+            _rebuilt.move_to_end(token)
+            return kernel
+    kernel = options.decorator()(function)
+    with _lock:
+        kernel = _rebuilt.setdefault(token, kernel)
+        _tokens.setdefault(kernel, token)
+        while len(_rebuilt) > KEEP_REBUILT:
+            _rebuilt.popitem(last=False)
+    return kernel

@@ -1,0 +1,394 @@
+"""Dask arrays through a kernel: :func:`apply` builds a lazy ``dask.array`` computed chunk by chunk.
+
+memkernel reads from the kernel's IR which dims of its arguments are
+independent. Every linalg structured op (named ops generalized first, on a
+copy of the module) maps its loop dims to its operands' dims through
+indexing maps; dims given by the same loop dim are one *index* (``matmul`` is
+``ij <- ik, kj``). An index that every op iterates in parallel splits into
+chunks freely: each output block is the kernel run on the matching input
+blocks (:func:`dask.array.blockwise`). A reduction index that an output does
+not carry (``k`` of matmul) is either summed across chunks, when the kernel
+is one linalg op that accumulates every output with ``arith.addf``/``addi``
+(each block computes a partial product into a zero-filled output, dask sums
+the partials), or kept whole: the inputs are rechunked to one chunk along it.
+An index that a static dim (``memref<4x?xf32>``) carries is kept whole too.
+
+A kernel whose body is not only linalg ops on its arguments (``scf`` loops,
+``memref.load``, calls) cannot be read this way; :func:`apply` raises
+:class:`~memkernel.errors.ChunkingError` unless the caller says every dim is
+parallel (``all_parallel=True``), which maps the kernel over matching blocks
+of same-rank arrays. The kernel itself travels to the workers by reference
+when its module can be imported there, else by value (see
+:mod:`memkernel.pickling`).
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import dask.array as da
+import numpy as np
+from mlir import ir, passmanager
+
+from .errors import ArgumentError, ChunkingError
+from .pickling import reduce_by_value, resolves_by_name
+from .spec.shapes import _SHAPE_PRESERVING, _argument_of
+from .spec.signature import MemRefSpec, ScalarSpec
+from .spec.source import MLIR_LOCK, parse_source
+
+if TYPE_CHECKING:
+    from .kernel import Kernel
+
+_IGNORED = frozenset({"func.return", "arith.constant"}) | _SHAPE_PRESERVING
+_ADD = frozenset({"arith.addf", "arith.addi"})
+
+
+class _Unanalysable(Exception):
+    """Why the IR does not say how to chunk the kernel."""
+
+
+@dataclass(frozen=True)
+class Chunking:
+    """How a kernel's work splits into chunks, read from its IR.
+
+    ``indices`` gives each MLIR argument's index letters (None for a scalar),
+    ``reductions`` the letters some op reduces over, ``whole`` the letters that
+    must stay one chunk (static dims), and ``summable`` whether outputs of
+    blocks that split a reduction may be summed.
+    """
+
+    indices: tuple[str | None, ...]
+    reductions: frozenset[str]
+    whole: frozenset[str]
+    summable: bool
+
+
+class _UnionFind:
+    def __init__(self) -> None:
+        self.parent: dict[Any, Any] = {}
+
+    def find(self, x: Any) -> Any:
+        self.parent.setdefault(x, x)
+        while self.parent[x] != x:
+            self.parent[x] = self.parent[self.parent[x]]
+            x = self.parent[x]
+        return x
+
+    def union(self, a: Any, b: Any) -> None:
+        self.parent[self.find(a)] = self.find(b)
+
+
+@dataclass(frozen=True)
+class _Op:
+    """One linalg op: per operand its argument and loop dims (None for a scalar), its iterators, its outputs."""
+
+    operands: tuple[tuple[int, tuple[int, ...]] | None, ...]
+    reduction_dims: frozenset[int]
+    n_outputs: int
+    accumulates_by_add: bool
+
+
+def _accumulates_by_add(op: ir.Operation, n_outputs: int) -> bool:
+    """Whether each output's yielded value is ``out + x`` with ``out`` used nowhere else in the body."""
+    block = op.regions[0].blocks[0]
+    yielded = list(block.operations)[-1].operands
+    out_args = list(block.arguments)[-n_outputs:]
+    for value, out in zip(yielded, out_args):
+        owner = value.owner
+        owner = owner.operation if isinstance(owner, ir.OpView) else owner
+        if not isinstance(owner, ir.Operation) or owner.name not in _ADD:
+            return False
+        if out not in list(owner.operands) or len(list(out.uses)) != 1:
+            return False
+    return True
+
+
+def _read_op(op: ir.Operation, entry: ir.Block, where: str) -> _Op:
+    maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
+    operands = []
+    for value, amap in zip(list(op.operands), maps):
+        if not isinstance(value.type, ir.ShapedType):
+            operands.append(None)
+            continue
+        arg = _argument_of(value, entry)
+        if arg is None:
+            raise _Unanalysable(f"{where} has an operand that is not an argument of the kernel ({value.type})")
+        dims = []
+        for expr in amap.results:
+            if not isinstance(expr, ir.AffineDimExpr):
+                raise _Unanalysable(f"{where} indexes argument #{arg} with {expr}, not a plain loop dim")
+            dims.append(expr.position)
+        operands.append((arg, tuple(dims)))
+    iterators = [str(t) for t in ir.ArrayAttr(op.attributes["iterator_types"])]
+    n_outputs = list(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"]))[-1]
+    return _Op(tuple(operands), frozenset(d for d, t in enumerate(iterators) if "reduction" in t), n_outputs,
+               _accumulates_by_add(op, n_outputs))
+
+
+def _linalg_ops(kernel: Kernel) -> list[_Op]:
+    """The kernel's linalg ops, generalized; _Unanalysable if its body holds anything else."""
+    parsed = parse_source(kernel.options.source)
+    name = kernel.spec.name
+    with MLIR_LOCK, parsed.context:
+        copy = parsed.module.operation.clone()
+        passmanager.PassManager.parse("builtin.module(func.func(linalg-generalize-named-ops))",
+                                      parsed.context).run(copy.operation)
+        func = next(op.operation for op in copy.regions[0].blocks[0].operations
+                    if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == name)
+        entry = func.regions[0].blocks[0]
+        ops = []
+        for op in entry.operations:
+            op_name = op.operation.name
+            if op_name in _IGNORED:
+                continue
+            if not (op_name.startswith("linalg.") and "indexing_maps" in op.attributes):
+                raise _Unanalysable(f"its body has a {op_name}, which is not a linalg structured op")
+            ops.append(_read_op(op.operation, entry, f"its {op_name}"))
+    if not ops:
+        raise _Unanalysable("its body has no linalg op")
+    return ops
+
+
+def analyse(kernel: Kernel) -> Chunking:
+    """Read the kernel's IR into its :class:`Chunking`; ChunkingError if it cannot be read."""
+    try:
+        return _analyse(kernel, _linalg_ops(kernel))
+    except _Unanalysable as why:
+        raise ChunkingError(
+            f"apply(@{kernel.spec.name}): memkernel cannot tell from the IR which dims of the arguments are "
+            f"independent: {why}. Pass all_parallel=True if every dim of every argument is parallel (each output "
+            "block depends only on the same block of each input), or write the kernel as linalg ops on its "
+            "arguments."
+        ) from None
+
+
+def _analyse(kernel: Kernel, ops: list[_Op]) -> Chunking:
+    args = kernel.spec.signature.args
+    sets = _UnionFind()
+    for n, op in enumerate(ops):
+        for operand in op.operands:
+            if operand is not None:
+                for k, d in enumerate(operand[1]):
+                    sets.union(("arg", operand[0], k), ("loop", n, d))
+    letters: dict[Any, str] = {}
+    indices: list[str | None] = []
+    whole: set[str] = set()
+    for i, spec in enumerate(args):
+        if isinstance(spec, ScalarSpec):
+            indices.append(None)
+            continue
+        if not isinstance(spec, MemRefSpec):
+            raise _Unanalysable(f"argument #{i} is {spec.mlir}, which has no fixed rank")
+        index = ""
+        for k, size in enumerate(spec.shape):
+            if ("arg", i, k) not in sets.parent:
+                raise _Unanalysable(f"no linalg op reads or writes argument #{i} ({spec.mlir})")
+            root = sets.find(("arg", i, k))
+            letter = letters.setdefault(root, string.ascii_letters[len(letters)])
+            if letter in index:
+                raise _Unanalysable(f"dims of argument #{i} ({spec.mlir}) are indexed by one loop dim")
+            if size is not None:
+                whole.add(letter)
+            index += letter
+        indices.append(index)
+    reductions = frozenset(letters[sets.find(("loop", n, d))] for n, op in enumerate(ops) for d in op.reduction_dims)
+    summable = len(ops) == 1 and ops[0].accumulates_by_add and all(
+        isinstance(spec, MemRefSpec) and spec.element.dtype != np.bool_ for spec in kernel.spec.outputs)
+    return Chunking(tuple(indices), reductions, frozenset(whole), summable)
+
+
+# -- building the graph -----------------------------------------------------------------
+
+
+def _carried(kernel: Kernel) -> Any:
+    """What the graph holds for ``kernel``: itself when its module can be imported elsewhere, else its value."""
+    if resolves_by_name(kernel) and kernel.__module__ != "__main__":
+        return kernel
+    return _ByValue(kernel)
+
+
+class _ByValue:
+    """A kernel that pickles by value (options and shape function), whatever its module."""
+
+    def __init__(self, kernel: Kernel) -> None:
+        self.kernel = kernel
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return reduce_by_value(self.kernel)
+
+
+def _kernel_of(carried: Any) -> Kernel:
+    return carried.kernel if isinstance(carried, _ByValue) else carried
+
+
+def _run_block(carried: Any, sources: tuple[tuple[tuple[int, int], ...], ...], dtypes: tuple[np.dtype, ...],
+               which: int, extra_axes: int, *blocks: Any) -> np.ndarray:
+    """Output ``which`` of the kernel run on one set of blocks, into zero-filled outputs of the blocks' sizes."""
+    outs = tuple(np.zeros(tuple(blocks[p].shape[k] for p, k in dims), dtype) for dims, dtype in zip(sources, dtypes))
+    _kernel_of(carried)(*blocks, out=outs[0] if len(outs) == 1 else outs)
+    return outs[which].reshape(outs[which].shape + (1,) * extra_axes)
+
+
+def _as_dask(kernel: Kernel, name: str, spec: MemRefSpec, value: Any) -> da.Array:
+    array = value if isinstance(value, da.Array) else da.asarray(value)
+    dtype = spec.element.dtype
+    if array.dtype != dtype or array.ndim != spec.rank:
+        raise ArgumentError(
+            f"apply(@{kernel.spec.name}): argument '{name}' expects {spec.mlir} ({dtype}, {spec.rank}-d); got a "
+            f"{array.dtype} array of {array.ndim} dims. Pass {name}.astype(np.{dtype}) with {spec.rank} dims."
+        )
+    return array
+
+
+def _check_count(kernel: Kernel, args: Sequence[Any]) -> None:
+    spec = kernel.spec
+    if len(args) != spec.n_inputs:
+        raise ArgumentError(f"apply(@{spec.name}): the kernel takes {spec.n_inputs} arguments "
+                            f"{kernel.__signature__}; got {len(args)}.")
+    written = sorted(i for i in spec.written if i < spec.n_inputs)
+    if written:
+        raise ChunkingError(
+            f"apply(@{spec.name}): the kernel may write its input '{spec.argument_names[written[0]]}'; dask "
+            "arrays are immutable, so apply takes only kernels that write their outputs alone."
+        )
+
+
+def _bind(kernel: Kernel, args: Sequence[Any]) -> list[Any]:
+    """The arguments checked: the right count, memrefs as dask arrays of their dtype and rank."""
+    _check_count(kernel, args)
+    spec = kernel.spec
+    bound = []
+    for i, value in enumerate(args):
+        arg = spec.signature.args[i]
+        bound.append(_as_dask(kernel, spec.argument_names[i], arg, value) if isinstance(arg, MemRefSpec) else value)
+    return bound
+
+
+def apply(kernel: Kernel, *args: Any, all_parallel: bool = False) -> Any:
+    """The kernel's outputs for dask array inputs, as lazy dask arrays computed chunk by chunk.
+
+    ``args`` are the kernel's inputs, in the order of its Python parameters:
+    dask arrays, or numpy arrays (taken as one chunk) for memrefs, and scalars,
+    which pass through. Each output starts zero-filled, as a kernel call's
+    does. Returns one dask array for a kernel with one output, else a tuple.
+    Kernels with MLIR results cannot be split and are refused.
+
+    The chunking is read from the IR (see the module docs). With
+    ``all_parallel=True``, which says every dim is independent, a kernel the IR
+    does not describe (``scf`` loops) is mapped over matching blocks of its
+    array arguments, which must all have the rank of its outputs.
+
+    Raises ChunkingError when the kernel cannot be split, ArgumentError for an
+    argument of the wrong dtype or rank or count, ShapeError when the arrays'
+    shapes break the kernel's ties.
+    """
+    spec = kernel.spec
+    if spec.signature.results and not all_parallel:
+        raise ChunkingError(f"apply(@{spec.name}): the kernel returns MLIR results "
+                            f"({', '.join(r.mlir for r in spec.signature.results)}), which blocks cannot combine.")
+    if all_parallel:
+        return _map_blocks(kernel, _bind(kernel, args))
+    if spec.n_outputs == 0:
+        raise ChunkingError(
+            f"apply(@{spec.name}): the kernel has no output memrefs (its Python parameters name every MLIR "
+            "argument); apply needs a kernel that writes outputs it is not given, as dask arrays are immutable."
+        )
+    bound = _bind(kernel, args)
+    chunking = analyse(kernel)
+    _check_shapes(kernel, chunking, bound)
+    outputs = tuple(_output(kernel, chunking, bound, j) for j in range(spec.n_outputs))
+    return outputs[0] if len(outputs) == 1 else outputs
+
+
+def _sizes(chunking: Chunking, bound: Sequence[Any]) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    for index, value in zip(chunking.indices, bound):
+        if index is not None:
+            sizes.update(zip(index, value.shape))
+    return sizes
+
+
+def _check_shapes(kernel: Kernel, chunking: Chunking, bound: Sequence[Any]) -> None:
+    """The kernel's own shape checks, on the whole arrays and the outputs they imply."""
+    spec = kernel.spec
+    sizes = _sizes(chunking, bound)
+    shapes: list[tuple[int, ...] | None] = [getattr(v, "shape", None) if i is not None else None
+                                             for i, v in zip(chunking.indices, bound)]
+    for index in chunking.indices[spec.n_inputs:]:
+        assert index is not None
+        missing = [c for c in index if c not in sizes]
+        if missing:
+            raise ChunkingError(f"apply(@{spec.name}): an output has a dim no input gives the size of; "
+                                "pass that size through an input, or call the kernel on numpy arrays.")
+        shapes.append(tuple(sizes[c] for c in index))
+    spec.shapes.check(f"apply(@{spec.name})", spec.argument_names, shapes)
+
+
+def _output(kernel: Kernel, chunking: Chunking, bound: Sequence[Any], which: int) -> da.Array:
+    spec = kernel.spec
+    n_inputs = spec.n_inputs
+    index = chunking.indices[n_inputs + which]
+    assert index is not None
+    inputs = "".join(i for i in chunking.indices[:n_inputs] if i is not None)
+    contracted = sorted(set(inputs) - set(index))
+    summed = [c for c in contracted if chunking.summable and c in chunking.reductions and c not in chunking.whole]
+    whole = chunking.whole | (set(contracted) - set(summed))
+    pairs: list[Any] = []
+    for i, value in zip(chunking.indices[:n_inputs], bound):
+        if i is None:
+            pairs += [value, None]
+            continue
+        rechunk = {k: -1 for k, c in enumerate(i) if c in whole}
+        pairs += [value.rechunk(rechunk) if rechunk else value, i]
+    located = {c: (p, k) for p, i in reversed(list(enumerate(chunking.indices[:n_inputs]))) if i for k, c in enumerate(i)}
+    sources = tuple(tuple(located[c] for c in i or "") for i in chunking.indices[n_inputs:])
+    dtypes = tuple(o.element.dtype for o in spec.outputs if isinstance(o, MemRefSpec))
+    dtype = dtypes[which]
+    out_index = index + "".join(summed)
+    blocks = da.blockwise(_run_block, out_index, _carried(kernel), None, sources, None, dtypes, None, which, None,
+                          len(summed), None, *pairs, dtype=dtype, concatenate=True,
+                          adjust_chunks={c: 1 for c in summed}, meta=np.empty((0,) * len(out_index), dtype))
+    if not summed:
+        return blocks
+    return blocks.sum(axis=tuple(range(len(index), len(out_index))), dtype=dtype)
+
+
+# -- all_parallel ----------------------------------------------------------------------
+
+
+def _run_mapped(carried: Any, which: int, count: int, *blocks: Any) -> np.ndarray:
+    """Returned value ``which`` of the kernel on one set of blocks, checked to have the blocks' shape."""
+    kernel = _kernel_of(carried)
+    returned = kernel(*blocks)
+    value = returned if count == 1 else returned[which]
+    expected = next(b.shape for b in blocks if isinstance(b, np.ndarray))
+    if np.shape(value) != expected:
+        raise ChunkingError(
+            f"apply(@{kernel.spec.name}, all_parallel=True): a block of shape {expected} gave an output of shape "
+            f"{np.shape(value)}; all_parallel needs outputs shaped like the inputs. Drop all_parallel=True."
+        )
+    return np.asarray(value)
+
+
+def _map_blocks(kernel: Kernel, bound: list[Any]) -> Any:
+    spec = kernel.spec
+    returned = [*spec.outputs, *spec.signature.results]
+    if not returned or not all(isinstance(r, MemRefSpec) for r in returned):
+        raise ChunkingError(f"apply(@{spec.name}, all_parallel=True): the kernel must return arrays only; "
+                            f"it returns {', '.join(r.mlir for r in returned) or 'nothing'}.")
+    ranks = {r.rank for r in returned} | {v.ndim for v in bound if isinstance(v, da.Array)}  # type: ignore[union-attr]
+    if len(ranks) != 1:
+        raise ChunkingError(f"apply(@{spec.name}, all_parallel=True): every array argument and output must have "
+                            f"one rank to be mapped block by block; they have ranks {sorted(ranks)}.")
+    index = string.ascii_letters[:ranks.pop()]
+    pairs: list[Any] = []
+    for value in bound:
+        pairs += [value, index if isinstance(value, da.Array) else None]
+    outputs = tuple(
+        da.blockwise(_run_mapped, index, _carried(kernel), None, j, None, len(returned), None, *pairs,
+                     dtype=r.element.dtype, meta=np.empty((0,) * len(index), r.element.dtype))  # type: ignore[union-attr]
+        for j, r in enumerate(returned))
+    return outputs[0] if len(outputs) == 1 else outputs
