@@ -38,12 +38,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
+from mlir import ir, passmanager
 
 from . import display
 from .errors import MemkernelError
 from .kernel import Kernel, mlir_kernel
-from .spec.shapes import Dim
-from .spec.signature import ArgSpec, MemRefSpec, ScalarSpec, read_signature
+from .spec.shapes import Dim, _argument_of, _structured_names, _unconditional
+from .spec.signature import ArgSpec, MemRefSpec, ScalarSpec, UnrankedSpec, read_signature
 from .spec.source import MLIR_LOCK, ParsedSource, parse_source
 
 
@@ -67,6 +68,11 @@ def read_source(path: str) -> ParsedSource:
 
 _LOCATION = re.compile(r'loc\("[^"]*":(\d+):(\d+)\)')
 _SSA_NAME = re.compile(r"%([A-Za-z_$.\-][\w$.\-]*|\d+)")
+
+
+def is_memref(spec: ArgSpec) -> bool:
+    """A memref argument (not a scalar, not a tensor): the kinds a call may allocate and a kernel may write."""
+    return isinstance(spec, (MemRefSpec, UnrankedSpec)) and not spec.tensor
 
 
 def check_function(parsed: ParsedSource, path: str, function: str) -> None:
@@ -122,18 +128,23 @@ def _columns(rows: Sequence[Sequence[str]]) -> list[str]:
     return ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
 
 
+def _first_output(kernel: Kernel) -> int:
+    """Where the trailing run of memref arguments the kernel writes starts: those may be outputs."""
+    spec = kernel.spec
+    first = len(spec.signature.args)
+    while first > 0 and first - 1 in spec.written and is_memref(spec.signature.args[first - 1]):
+        first -= 1
+    return first
+
+
 def _call_forms(kernel: Kernel, names: Sequence[str]) -> list[str]:
     """``f(a, b, c)`` with every argument, and ``c = f(a, b)`` when trailing memrefs may be outputs."""
     spec = kernel.spec
+    first = _first_output(kernel)
+    returned = list(names[first:]) + [f"result{j}" for j in range(len(spec.signature.results))]
     forms = [f"{spec.name}({', '.join(names)})"]
-    args = spec.signature.args
-    first_output = len(args)
-    while first_output > 0 and isinstance(args[first_output - 1], MemRefSpec) \
-            and not args[first_output - 1].tensor and first_output - 1 in spec.written:  # type: ignore[union-attr]
-        first_output -= 1
-    outputs = list(names[first_output:]) + [f"result{j}" for j in range(len(spec.signature.results))]
-    if first_output < len(args) or spec.signature.results:
-        forms.append(f"{', '.join(outputs)} = {spec.name}({', '.join(names[:first_output])})")
+    if returned:
+        forms.append(f"{', '.join(returned)} = {spec.name}({', '.join(names[:first])})")
     return forms
 
 
@@ -221,7 +232,7 @@ def plan_arguments(parsed: ParsedSource, path: str, function: str, given: Sequen
             raise CommandLineError(f"@{function} has no argument {name!r}; its arguments: {listed}")
     n_given = max((names.index(n) + 1 for n in given), default=0)
     for i in range(len(args)):
-        needed = i < n_given or isinstance(args[i], ScalarSpec) or getattr(args[i], "tensor", False)
+        needed = i < n_given or not is_memref(args[i])
         if names[i] not in given and needed:
             what = "--scalar NAME=VALUE" if isinstance(args[i], ScalarSpec) else option
             raise CommandLineError(
@@ -316,9 +327,10 @@ def summary(array: np.ndarray) -> str:
         return f"{text} empty"
     if array.dtype.kind == "c":
         return f"{text} max |x| {np.abs(array).max():.6g}"
-    values = array if array.dtype.kind in "biuf" else array.astype(np.float64)
-    return f"{text} min {values.min()!r} max {values.max()!r}" if values.dtype.kind == "b" \
-        else f"{text} min {values.min():.6g} max {values.max():.6g}"
+    if array.dtype.kind == "b":
+        return f"{text} {np.count_nonzero(array)} true"
+    values = array if array.dtype.kind in "iuf" else array.astype(np.float64)  # bf16, f8: ml_dtypes
+    return f"{text} min {values.min():.6g} max {values.max():.6g}"
 
 
 def _returned(kernel: Kernel, returned: Any) -> tuple[list[Any], list[Any]]:
@@ -356,7 +368,8 @@ def run_call(options: argparse.Namespace) -> int:
     both = sorted(set(arrays_given) & set(scalars_given))
     if both:
         raise CommandLineError(f"{both[0]} is given both as --arg and as --scalar")
-    plan = plan_arguments(parsed, options.file, options.function, [*arrays_given, *scalars_given], "--arg NAME=PATH.npy")
+    plan = plan_arguments(parsed, options.file, options.function, [*arrays_given, *scalars_given],
+                          "--arg NAME=PATH.npy")
     values = scalars(plan, scalars_given)
     for name, path in arrays_given.items():
         if isinstance(plan.args[plan.names.index(name)], ScalarSpec):
@@ -370,7 +383,7 @@ def run_call(options: argparse.Namespace) -> int:
         raise CommandLineError(f"cannot create --out {directory}: {exc.strerror or exc}") from None
     kernel = make_kernel(parsed.text, plan.function, plan.given, options.pipeline, options.opt_level, options.lib)
     written = [name for i, name in enumerate(plan.given)
-               if i in kernel.spec.written and not getattr(plan.args[i], "tensor", False)]
+               if i in kernel.spec.written and is_memref(plan.args[i])]
     saved = written + plan.outputs + [f"result{j}" for j in range(len(kernel.spec.signature.results))]
     _refuse_overwriting_inputs(directory, saved, arrays_given)
     outputs, results = _returned(kernel, kernel(*(values[n] for n in plan.given)))
@@ -567,10 +580,6 @@ def linalg_flops(kernel: Kernel, shapes: Sequence[tuple[int, ...] | None]) -> tu
     per op, its iterations (the sizes of its loop dims, read from the arguments' ``shapes`` through
     the indexing maps) times the arithmetic ops of its body (``linalg.matmul``: 2·M·N·K).
     None when the kernel has loops of its own or an op whose loop sizes are not all known."""
-    from mlir import ir, passmanager
-
-    from .spec.shapes import _argument_of, _structured_names, _unconditional
-
     parsed = parse_source(kernel.options.source)
     with MLIR_LOCK, parsed.context:
         names = _structured_names(parsed.module)
@@ -693,6 +702,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         print(f"memkernel: error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("\nmemkernel: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

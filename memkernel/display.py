@@ -58,37 +58,42 @@ class _Components:
         return sorted((d for d in self._parent if self.find(d) == root), key=lambda d: (d.arg, d.dim))
 
 
+def _fixed_labels(spec: KernelSpec, components: _Components) -> dict[Dim, str]:
+    """Labels of the tie groups that have one: a dim name, a size an annotation fixes, a static size."""
+    labels: dict[Dim, str] = {}
+    for index, names in sorted(spec.shapes.names.items()):
+        for k, name in enumerate(names):
+            if name != "_" and not name.isdigit():
+                labels.setdefault(components.find(Dim(index, k)), name)
+    for tie in spec.shapes.ties:
+        if tie.b is None:
+            labels.setdefault(components.find(tie.a), str(tie.size))
+    for index, arg in enumerate(spec.signature.args):
+        if isinstance(arg, MemRefSpec):
+            for k, size in enumerate(arg.shape):
+                if size is not None:
+                    labels[components.find(Dim(index, k))] = str(size)
+    return labels
+
+
 def dim_labels(spec: KernelSpec) -> dict[int, tuple[str, ...]]:
     """Each ranked argument's dims as labels: the static size, the dim's name, ``d<n>`` for a dynamic
     dim tied to others (the same label on every dim it is tied to), ``?`` for a free dynamic dim."""
     components = _Components(spec)
-    args = spec.signature.args
-    fixed = {tie.a: tie.size for tie in spec.shapes.ties if tie.b is None}
-    root_label: dict[Dim, str] = {}
-    for arg, names in sorted(spec.shapes.names.items()):
-        for k, name in enumerate(names):
-            if name != "_" and not name.isdigit():
-                root_label.setdefault(components.find(Dim(arg, k)), name)
-    for dim, size in fixed.items():
-        root_label.setdefault(components.find(dim), str(size))
-    for i, arg in enumerate(args):
-        if isinstance(arg, MemRefSpec):
-            for k, size in enumerate(arg.shape):
-                if size is not None:
-                    root_label[components.find(Dim(i, k))] = str(size)
+    root_label = _fixed_labels(spec, components)
     labels: dict[int, tuple[str, ...]] = {}
-    counter = 0
-    for i, arg in enumerate(args):
+    unnamed = 0
+    for index, arg in enumerate(spec.signature.args):
         if not isinstance(arg, MemRefSpec):
             continue
         row = []
         for k in range(arg.rank):
-            root = components.find(Dim(i, k))
+            root = components.find(Dim(index, k))
             if root not in root_label and len(components.members(root)) > 1:
-                root_label[root] = f"d{counter}"
-                counter += 1
+                root_label[root] = f"d{unnamed}"
+                unnamed += 1
             row.append(root_label.get(root, "?"))
-        labels[i] = tuple(row)
+        labels[index] = tuple(row)
     return labels
 
 

@@ -50,6 +50,17 @@ func.func @add(%a: tensor<?xf32>, %b: tensor<?xf32>) -> tensor<?xf32> {
 }
 """
 
+ODD = """
+func.func private @declared(%x: f32)
+func.func @vec(%v: vector<4xf32>) {
+  return
+}
+func.func @flags(%f: memref<?xi1>, %out: memref<?xi1>) {
+  memref.copy %f, %out : memref<?xi1> to memref<?xi1>
+  return
+}
+"""
+
 RNG = np.random.default_rng(0)
 A = RNG.standard_normal((4, 3)).astype(np.float32)
 B = RNG.standard_normal((3, 5)).astype(np.float32)
@@ -70,6 +81,7 @@ def work(tmp_path_factory) -> Path:
     np.save(root / "ints.npy", np.array([7, -3, 0, 10], np.int32))
     np.save(root / "x32.npy", np.arange(5, dtype=np.float32))
     np.savez(root / "arrays.npz", a=A)
+    (root / "odd.mlir").write_text(ODD)
     return root
 
 
@@ -113,6 +125,24 @@ def test_info_shows_each_function_its_call_forms_types_ties_and_writes(work):
     assert "  call:  split(arg0, lo, hi)\n     or: lo, hi, result0 = split(arg0)" in out
     assert re.search(r"\n  arg0 +memref<4xi32> +int32 +\(4,\) +reads", out)
     assert "  call:  add(a, b)\n     or: result0 = add(a, b)" in out
+
+
+def test_info_tells_which_functions_cannot_be_called_and_renames_out(work):
+    done = memkernel(work, "info", "odd.mlir")
+    assert done.returncode == 0, done.stderr
+    assert "odd.mlir: 2 function(s)." in done.stdout and "@declared" not in done.stdout
+    assert "@vec\n  cannot be called from Python: @vec argument #0 has type vector<4xf32>" in done.stdout
+    assert "  call:  flags(f, out_)\n     or: out_ = flags(f)" in done.stdout
+
+
+def test_call_summarises_bool_arrays_by_their_count_of_true(work, tmp_path):
+    np.save(tmp_path / "f.npy", np.array([True, False, True]))
+    (tmp_path / "flags.mlir").write_text(ODD.split("\n", 2)[2])  # without the declaration: nothing to bind
+    done = memkernel(work, "call", str(tmp_path / "flags.mlir"), "flags", "--arg", f"f={tmp_path / 'f.npy'}",
+                     "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "out_.npy"), [True, False, True])
+    assert done.stdout == f"out_: bool (3,) 2 true -> {tmp_path / 'out_.npy'}\n"
 
 
 def test_call_allocates_the_trailing_output_and_writes_it(work, tmp_path):
