@@ -108,3 +108,14 @@ func.func @two(%x: f64, %n: i32) -> (f64, i32) {
   return %x, %n : f64, i32
 }
 """
+
+
+def copy(element: str) -> str:
+    """``func.func @copy(%a: memref<?xT>, %out: memref<?xT>)``: copies, no arithmetic on the elements."""
+    memref = f"memref<?x{element}>"
+    return f"""
+func.func @copy(%a: {memref}, %out: {memref}) {{
+  linalg.copy ins(%a : {memref}) outs(%out : {memref})
+  return
+}}
+"""

@@ -210,3 +210,10 @@ def test_a_convolution_against_numpy():
     i = rng.integers(-4, 5, (1, 5, 6, 2)).astype(F32)
     f = rng.integers(-4, 5, (3, 2, 2, 3)).astype(F32)
     assert_matches(conv, conv_reference, i, f)
+
+
+def test_out_goes_to_the_kernel_only_and_the_out_array_is_compared(add):
+    a = np.arange(4, dtype=F32)
+    out = np.full(4, 7, F32)
+    returned = assert_matches(add, lambda a, b: a + b, a, a, out=out)
+    assert returned is out and np.array_equal(out, 2 * a)

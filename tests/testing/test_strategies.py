@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, find, given, settings
@@ -156,6 +157,29 @@ def test_default_floats_are_finite_eighths_within_8(add):
     for a, b in _draws(arguments(add), 40):
         for x in (a, b):
             assert np.all(np.abs(x) <= 8) and np.all(x * 8 == np.round(x * 8))
+
+
+@pytest.mark.parametrize(("element", "dtype"), [
+    ("bf16", ml_dtypes.bfloat16), ("f8E4M3FN", ml_dtypes.float8_e4m3fn), ("f8E5M2", ml_dtypes.float8_e5m2),
+    ("f8E8M0FNU", ml_dtypes.float8_e8m0fnu), ("f16", np.float16), ("complex<f64>", np.complex128),
+    ("i1", np.bool_), ("ui8", np.uint8), ("i64", np.int64),
+])
+def test_every_element_type_is_drawn_with_its_dtype_and_finite_values(element, dtype):
+    copy = mlir_kernel(kernels.copy(element))(lambda a: None)
+    for (a,) in _draws(arguments(copy), 15):
+        assert a.dtype == np.dtype(dtype)
+        if a.dtype.kind not in "biu":
+            assert np.all(np.isfinite(a.astype(np.complex128)))
+        assert_matches(copy, lambda a: a.copy(), a)
+
+
+def test_eight_bit_floats_draw_from_all_their_values_up_to_8():
+    copy = mlir_kernel(kernels.copy("f8E4M3FN"))(lambda a: None)
+    seen = set()
+    for (a,) in _draws(arguments(copy, min_side=8), 60):
+        seen.update(a.astype(np.float64).tolist())
+    assert max(abs(v) for v in seen) <= 8
+    assert any(v != v * 8 // 1 / 8 for v in seen)  # values finer than eighths
 
 
 def test_elements_can_be_given_by_argument_name_and_by_dtype(add):
