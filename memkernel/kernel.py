@@ -152,8 +152,8 @@ class Kernel:
             self._function,
             spec.output_sources(),
         )
-        plan = CallPlan([binder_for(c) for c in spec.contracts], spec.n_inputs, allocator, spec.shapes, results,
-                        compiled.address, compiled)
+        plan = CallPlan(spec.name, [binder_for(c) for c in spec.contracts], spec.n_inputs, allocator, spec.shapes,
+                        results, compiled.address, compiled)
         fast = None
         if compiled.fast_address and fast_spec is not None:
             fast = FastFunction(compiled.fast_address, compiled.consts_address, fast_spec, results)
@@ -223,7 +223,7 @@ class Kernel:
 
     # -- calls ---------------------------------------------------------------------
 
-    def __call__(self, *args: Any, out: Any = None, **kwargs: Any) -> Any:
+    def __call__(self, /, *args: Any, out: Any = None, **kwargs: Any) -> Any:
         return (self._invoker or self.invoker)(args, kwargs, out)
 
     def __get__(self, instance: object, owner: type | None = None) -> Kernel:

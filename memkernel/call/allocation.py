@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ShapeError
+from ..errors import AllocationError, ShapeError
 from ..spec.shapes import Dim
 from ..spec.signature import MemRefSpec, UnrankedSpec
 
@@ -31,6 +31,23 @@ def _is_shape(value: Any) -> bool:
     except TypeError:
         return False
     return True
+
+
+def zeros(kernel: str, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A zero-filled output; AllocationError or ShapeError naming the kernel and output if numpy cannot make it."""
+    try:
+        return np.zeros(shape, dtype=dtype)
+    except MemoryError:
+        size = float(np.prod([float(d) for d in shape])) * dtype.itemsize
+        raise AllocationError(
+            f"{kernel}(): cannot allocate output '{name}' of shape {shape} and dtype {dtype.name} "
+            f"({size / 2**30:.3g} GiB): not enough memory. Pass out= with an array you allocated."
+        ) from None
+    except ValueError as exc:
+        raise ShapeError(
+            f"{kernel}(): cannot allocate output '{name}' of shape {shape} and dtype {dtype.name}: {exc}. "
+            "Pass out= with an array of the shape the kernel needs."
+        ) from None
 
 
 class OutputAllocator:
@@ -68,15 +85,16 @@ class OutputAllocator:
         """New zeroed arrays for every output (the call gave no ``out=``); one output is the quick case."""
         if len(self.outputs) == 1:
             static = self._static[0]
+            name = self.outputs[0][0]
             if static is not None:
-                return (np.zeros(static, dtype=self._dtypes[0]),)
+                return (zeros(self.kernel, name, static, self._dtypes[0]),)
             tied = self._tied_shape(0, values)
             if tied is not None:
-                return (np.zeros(tied, dtype=self._dtypes[0]),)
+                return (zeros(self.kernel, name, tied, self._dtypes[0]),)
             returned = self.shape_function(*values)
             shape = self._like_shape(0, values) if returned is None else None
             if shape is not None:
-                return (np.zeros(shape, dtype=self._dtypes[0]),)
+                return (zeros(self.kernel, name, shape, self._dtypes[0]),)
             return self.allocate(values, (None,), self._normalized(returned))
         return self.allocate(values, (None,) * len(self.outputs))
 
@@ -91,11 +109,11 @@ class OutputAllocator:
                 continue
             static = self._static[i]
             if static is not None:
-                arrays[i] = np.zeros(static, dtype=spec.element.dtype)
+                arrays[i] = zeros(self.kernel, name, static, spec.element.dtype)
                 continue
             tied = self._tied_shape(i, values)
             if tied is not None:
-                arrays[i] = np.zeros(tied, dtype=spec.element.dtype)
+                arrays[i] = zeros(self.kernel, name, tied, spec.element.dtype)
                 continue
             if isinstance(spec, UnrankedSpec):
                 raise ShapeError(
@@ -104,7 +122,7 @@ class OutputAllocator:
                 )
             if returned is _NOT_CALLED:
                 returned = self._returned_shapes(values)
-            arrays[i] = np.zeros(self._shape(i, name, spec, returned[i], values), dtype=spec.element.dtype)
+            arrays[i] = zeros(self.kernel, name, self._shape(i, name, spec, returned[i], values), spec.element.dtype)
         return tuple(arrays)
 
     def _tied_shape(self, i: int, values: Sequence[Any]) -> tuple[int, ...] | None:

@@ -68,6 +68,19 @@ def describe_value(value: Any) -> str:
     return type(value).__name__
 
 
+def _carries_its_dtype(value: Any) -> bool:
+    """Whether ``value`` is typed memory (an element type of its own), not Python numbers."""
+    if isinstance(value, (list, tuple, bool, int, float, complex, np.generic)):
+        return False
+    if hasattr(value, "__array_interface__") or hasattr(value, "__array_struct__") or hasattr(value, "__array__"):
+        return True
+    try:
+        memoryview(value)
+    except TypeError:
+        return False
+    return True
+
+
 def _convertible(source: np.dtype, element: ElementType) -> bool:
     """Whether a value of a Python sequence or scalar converts without changing meaning."""
     kinds = {"bool": "b", "int": "biu", "float": "biuf", "complex": "biufc"}[element.kind]
@@ -125,9 +138,14 @@ class _BufferBinder(Binder):
 
     def check(self, value: Any, state: CallState) -> np.ndarray:
         contract = self.contract
-        if isinstance(value, np.ndarray) and not isinstance(value, np.ma.MaskedArray):
+        if isinstance(value, np.ma.MaskedArray):
+            raise ArgumentError(
+                f"{self._where()}; got a masked array {describe_value(value)}. A kernel does not see masks: "
+                f"pass {self.name}.filled(fill_value) or np.ma.getdata({self.name})."
+            )
+        if isinstance(value, np.ndarray):
             array = value
-        elif contract.needs_writeable or isinstance(value, np.ma.MaskedArray):
+        elif contract.needs_writeable:
             why = "an output" if contract.is_output else "an argument the kernel may write"
             raise ArgumentError(
                 f"{self._where()}; got {describe_value(value)}. It is {why}, so pass a writable "
@@ -162,10 +180,17 @@ class _BufferBinder(Binder):
         pass
 
     def _coerce(self, value: Any) -> np.ndarray:
+        """An array of the element's dtype holding ``value``'s values exactly; refuse rather than change one."""
         try:
             natural = np.asarray(value)
-        except (ValueError, TypeError) as exc:
-            raise ArgumentError(f"{self._where()}; got {describe_value(value)} ({exc}).") from None
+        except (ValueError, TypeError, MemoryError, OverflowError, RecursionError) as exc:
+            raise ArgumentError(
+                f"{self._where()}; got {describe_value(value)}, which numpy cannot make an array of "
+                f"({type(exc).__name__}: {exc}). Pass a numpy array of dtype {self.element.dtype.name}."
+            ) from None
+        if _carries_its_dtype(value):
+            # Typed memory (array.array, memoryview, objects with __array__) is held to an ndarray's rule.
+            return natural
         if natural.dtype == object or not _convertible(natural.dtype, self.element):
             raise ArgumentError(
                 f"{self._where()}; got {describe_value(value)}, which does not convert to "
@@ -175,10 +200,19 @@ class _BufferBinder(Binder):
         if self.element.kind in ("float", "complex"):
             with np.errstate(over="ignore", invalid="ignore"):
                 converted = natural.astype(self.element.dtype)
+                back = converted.astype(natural.dtype)
             if np.any(np.isfinite(natural) & ~np.isfinite(converted)):
                 raise ValueRangeError(
                     f"{self._where()}; got {describe_value(value)} with values that overflow "
                     f"{self.element.mlir}."
+                )
+            changed = (back != natural) & ~(np.isnan(natural) & np.isnan(back))
+            if np.any(changed):
+                first = natural[changed].flat[0].item()
+                raise ValueRangeError(
+                    f"{self._where()}; got {describe_value(value)} whose value {first!r} is not exactly a "
+                    f"{self.element.dtype.name}. Round it explicitly: np.asarray({self.name}, "
+                    f"{dtype_expression(self.element.dtype)})."
                 )
             return converted
         if natural.dtype.kind not in "iu" or self.element.kind != "int":
@@ -243,6 +277,8 @@ class MemRefBinder(_BufferBinder):
 
     def _layout_strides(self, array: np.ndarray) -> tuple[int, ...] | None:
         """The descriptor strides if the array's memory fits the layout as it is, else None."""
+        if array.size == 0:
+            return self.contract.descriptor_strides(array.shape, (0,) * array.ndim)
         if not array.flags.aligned:
             return None
         actual = element_strides(array)

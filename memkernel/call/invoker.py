@@ -85,11 +85,16 @@ class Invoker:
         self._arity = len(spec.parameters)
         self._n_outputs = spec.n_outputs
         self._no_outputs: tuple[None, ...] = (None,) * spec.n_outputs
+        # An in-place kernel may name a parameter 'out': then out= is that parameter.
+        self._out_is_a_parameter = spec.n_outputs == 0 and any(p.name == "out" for p in spec.parameters)
         self._assemble = _assemble(spec.n_outputs, bool(spec.signature.results))
         self._run = wrap(self._fast_then_checked if fast is not None else self._checked)
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
         """Call the kernel with ``kernel(*args, out=out, **kwargs)``."""
+        if out is not None and self._out_is_a_parameter:
+            kwargs = {**kwargs, "out": out}
+            out = None
         if kwargs or len(args) != self._arity:
             args = self._bind(args, kwargs)
         if out is None:

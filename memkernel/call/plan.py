@@ -21,6 +21,7 @@ from .allocation import OutputAllocator
 from .binders import Binder, CallState, ScalarBinder
 from .descriptors import align
 from .results import ResultReader
+from ..errors import CallDepthError
 from ..spec.shapes import ShapeRules
 from ..spec.signature import ArgSpec
 
@@ -42,16 +43,16 @@ class _Frame:
 class CallPlan:
     """Packs arguments into a frame, calls the kernel and decodes its results."""
 
-    def __init__(self, binders: Sequence[Binder], n_inputs: int, allocator: OutputAllocator, shapes: ShapeRules,
-                 results: Sequence[ArgSpec], address: int, keep_alive: Any) -> None:
+    def __init__(self, kernel: str, binders: Sequence[Binder], n_inputs: int, allocator: OutputAllocator,
+                 shapes: ShapeRules, results: Sequence[ArgSpec], address: int, keep_alive: Any) -> None:
         self.binders = tuple(binders)
         self._shapes = shapes
-        self._kernel = binders[0].contract.kernel if binders else ""
+        self._kernel = kernel
         self._names = tuple(b.contract.name for b in binders)
         self._inputs = self.binders[:n_inputs]
         self._outputs = self.binders[n_inputs:]
         self._allocator = allocator
-        self._reader = ResultReader(results)
+        self._reader = ResultReader(results, self._kernel)
         self._function = _ENTRY(address)
         self._keep_alive = keep_alive
         self._frames: list[_Frame] = []
@@ -126,7 +127,13 @@ class CallPlan:
         ran = False
         try:
             self._values.pack_into(frame.buffer, self._values_offset, *packed)
-            self._function(frame.address)
+            try:
+                self._function(frame.address)
+            except ctypes.ArgumentError as exc:
+                raise CallDepthError(
+                    f"{self._kernel}(): Python's recursion limit was reached while passing the call to the "
+                    f"kernel ({exc}). Call it with more of the limit left, or raise sys.setrecursionlimit()."
+                ) from None
             ran = True
             results = (self._reader.read(frame.buffer, self._results_offset, state.buffers)
                        if self._reader.results else ())

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import AllocationError
 from ..spec.signature import ArgSpec, MemRefSpec, ScalarSpec, UnrankedSpec
 from . import scalars
 from .descriptors import UNRANKED_FORMAT, align, ranked_format, ranked_struct
@@ -83,14 +84,17 @@ def descriptor_array(fields: tuple[int, ...], dtype: np.dtype, owner: object) ->
 class ResultAdopter:
     """Turns one call's returned descriptors into arrays; shares owners between results of the call."""
 
-    def __init__(self, call_buffers: dict[int, np.ndarray]) -> None:
+    def __init__(self, call_buffers: dict[int, np.ndarray], kernel: str) -> None:
         self.call_buffers = call_buffers
+        self.kernel = kernel
         self.owners: dict[int, object] = {}
 
     def array(self, spec: MemRefSpec | UnrankedSpec, fields: tuple[int, ...]) -> np.ndarray:
         """The array for a ranked descriptor's ``fields`` (allocated, aligned, offset, sizes..., strides...)."""
         dtype = spec.element.dtype
         allocated = fields[0]
+        if allocated == 0:
+            return self._unallocated(spec, fields)
         if allocated == GLOBAL_MEMORY:
             return np.array(descriptor_array(fields, dtype, None))
         owner: object | None = self.call_buffers.get(allocated)
@@ -102,6 +106,18 @@ class ResultAdopter:
             if owner is None:
                 owner = self.owners[allocated] = HeapBuffer(allocated)
         return descriptor_array(fields, dtype, owner)
+
+    def _unallocated(self, spec: MemRefSpec | UnrankedSpec, fields: tuple[int, ...]) -> np.ndarray:
+        """A result with no buffer: fine when empty, else its ``memref.alloc`` failed (malloc gave NULL)."""
+        rank = (len(fields) - 3) // 2
+        shape = tuple(fields[3:3 + rank])
+        if 0 in shape:
+            return np.zeros(shape, spec.element.dtype)
+        size = float(np.prod([float(d) for d in shape])) * spec.element.itemsize
+        raise AllocationError(
+            f"{self.kernel}(): the kernel returned a {spec.mlir} of shape {shape} with no memory behind it: "
+            f"its memref.alloc of {size / 2**30:.3g} GiB failed (malloc returned NULL)."
+        )
 
     def unranked(self, spec: UnrankedSpec, rank: int, descriptor: int) -> np.ndarray:
         """The array for an unranked result; frees the heap copy of its ranked descriptor."""
@@ -125,8 +141,9 @@ def _field(spec: ArgSpec) -> tuple[str, int, int]:
 class ResultReader:
     """Decodes a kernel's results from the bytes it stored."""
 
-    def __init__(self, results: Sequence[ArgSpec]) -> None:
+    def __init__(self, results: Sequence[ArgSpec], kernel: str = "") -> None:
         self.results = tuple(results)
+        self.kernel = kernel
         fmt, offset, widest = "<", 0, 1
         self._widths = []
         for result in self.results:
@@ -156,7 +173,7 @@ class ResultReader:
         call to its array, so that a result aliasing an argument becomes a view of it.
         """
         raw = self._struct.unpack_from(buffer, offset)
-        adopter = ResultAdopter(call_buffers or {}) if self.has_memrefs else None
+        adopter = ResultAdopter(call_buffers or {}, self.kernel) if self.has_memrefs else None
         decoded: list[Any] = []
         position = 0
         for result, width in zip(self.results, self._widths):

@@ -48,12 +48,16 @@ def _encode_int(value: Any, element: ElementType) -> tuple[int, ...]:
         raise ScalarValueError(
             f"value {number} is out of range for {element.mlir} ({low} .. {high})", is_type_error=False
         )
+    if element.kind == "bool":
+        return (number & 1,)  # i1's two readings: -1 and 1 are both the bit 1
     return (number & ((1 << (8 * element.itemsize)) - 1),)
 
 
 def _is_number(value: Any, element: ElementType) -> bool:
     """Python and numpy numbers, ml_dtypes scalars included; complex only for complex types."""
     complex_ok = element.kind == "complex"
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
     if isinstance(value, np.generic):
         if value.dtype.name in ML_DTYPES_TYPE_NAMES:
             return True
@@ -68,22 +72,20 @@ def _encode_inexact(value: Any, element: ElementType) -> tuple[Any, ...]:
             f"{element.mlir}, got {type(value).__name__}",
             is_type_error=True,
         )
+    source = np.asarray(value)
     try:
         with np.errstate(over="ignore", invalid="ignore"):
-            converted = np.asarray(value).astype(element.dtype)
-        parts: tuple[float, ...]
-        got: tuple[float, ...]
+            converted = source.astype(element.dtype)
+        pairs = [(source, converted)]
         if element.kind == "complex":
-            parts = (complex(value).real, complex(value).imag)
-            got = (float(converted.real), float(converted.imag))
-        else:
-            parts = (float(value),)
-            got = (float(converted),)
-    except OverflowError:
-        raise ScalarValueError(f"value {value!r} overflows {element.mlir}", is_type_error=False) from None
-    for want, have in zip(parts, got):
-        if np.isfinite(want) and not np.isfinite(have):
-            raise ScalarValueError(f"value {value!r} overflows {element.mlir}", is_type_error=False)
+            pairs = [(source.real, converted.real), (source.imag, converted.imag)]
+        # Finiteness of the value as given (a longdouble beyond f64 is finite, its float() is not).
+        overflowed = any(bool(np.isfinite(want)) and not bool(np.isfinite(have)) for want, have in pairs)
+    except (OverflowError, TypeError):
+        overflowed = True
+    if overflowed:
+        raise ScalarValueError(f"value {value!r} overflows {element.mlir}", is_type_error=False)
+    got: tuple[float, ...] = tuple(float(have) for _, have in pairs)
     if element.bits_are_packed:
         return (int(converted.view(element.bits_dtype)),)
     return got

@@ -18,7 +18,8 @@ from .objects import LoadedObject, engine_libraries, engine_symbol
 from ..stdio import capture_c_stderr, may_print
 from .pipeline import Pipeline, lower
 from ..spec.source import MLIR_LOCK, ParsedSource
-from ..fastpath.emitter import FastPath, attach
+from ..fastpath.emitter import FastPath, attach, lowered_function, lowered_function_type
+from ..spec.signature import Signature, read_signature
 
 
 @dataclass
@@ -105,6 +106,30 @@ def lower_kernel(parsed: ParsedSource, name: str, pipeline: Pipeline, callbacks:
         parsed.module = lower(parsed.module, pipeline, parsed.text, until)
 
 
+def check_lowered_signature(module: ir.Module, signature: Signature) -> None:
+    """CompileError unless the lowered kernel takes and returns what memkernel passes and reads.
+
+    Both call paths build descriptors of 64-bit words and read results the
+    default lowering's way; a pipeline with ``index-bitwidth=32`` or the
+    bare-pointer calling convention lowers to another signature, and calling
+    it would read garbage.
+    """
+    lowered = lowered_function(module, signature.name)
+    expected = lowered_function_type(signature.args, signature.results)
+    if lowered is None:
+        raise CompileError(
+            f"the lowered module has no llvm.func @{signature.name}: pipeline= must lower the kernel's "
+            "func.func to the LLVM dialect (convert-func-to-llvm)."
+        )
+    actual = ir.TypeAttr(lowered.attributes["function_type"]).value
+    if actual != ir.Type.parse(expected):
+        raise CompileError(
+            f"pipeline= lowered @{signature.name} to {actual}, but memkernel calls it as {ir.Type.parse(expected)}: "
+            "64-bit index and the default memref calling convention (descriptors, not bare pointers). "
+            "Drop index-bitwidth= and use-bare-ptr-memref-call-conv= from the pipeline."
+        )
+
+
 def compile_function(
     parsed: ParsedSource,
     name: str,
@@ -124,8 +149,12 @@ def compile_function(
     """
     callbacks = callbacks or {}
     with MLIR_LOCK, parsed.context, ir.Location.unknown():
+        signature = read_signature(parsed.function(name))
         lower_kernel(parsed, name, pipeline, callbacks)
-        with_fast = fast is not None and attach(parsed.module, fast, name)
+        check_lowered_signature(parsed.module, signature)
+        with_fast = fast is not None
+        if fast is not None:
+            attach(parsed.module, fast)
         defined_here = {f"_mlir_ciface_{callback}" for callback in callbacks}
         externals = [f for f in external_functions(parsed.module) if f not in defined_here]
         added, unresolved = libraries.libraries_for(externals, shared_libs)

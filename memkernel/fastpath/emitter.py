@@ -34,7 +34,7 @@ from mlir import ir
 
 from ..spec.contract import BufferContract, Contract, ScalarContract
 from ..spec.shapes import ShapeRules, Tie
-from ..spec.signature import ArgSpec, MemRefSpec, ScalarSpec
+from ..spec.signature import ArgSpec, MemRefSpec, ScalarSpec, UnrankedSpec
 from .abi import LAYOUT
 from .constants import FIRST_DTYPE, Slot
 
@@ -56,11 +56,34 @@ def _handles(contract: Contract) -> bool:
 
 
 def lowered_argument_types(spec: ArgSpec) -> list[str]:
-    """The LLVM types the default calling convention expands one argument into."""
+    """The LLVM types the default calling convention (64-bit index) expands one argument into."""
     if isinstance(spec, MemRefSpec):
         return ["!llvm.ptr", "!llvm.ptr", "i64"] + ["i64"] * (2 * spec.rank)
-    assert isinstance(spec, ScalarSpec)
+    if isinstance(spec, UnrankedSpec):
+        return ["i64", "!llvm.ptr"]
     return [spec.element.llvm_type]
+
+
+def _lowered_result_type(spec: ArgSpec) -> str:
+    if isinstance(spec, MemRefSpec):
+        arrays = f", !llvm.array<{spec.rank} x i64>" * 2 if spec.rank else ""
+        return f"!llvm.struct<(!llvm.ptr, !llvm.ptr, i64{arrays})>"
+    if isinstance(spec, UnrankedSpec):
+        return "!llvm.struct<(i64, !llvm.ptr)>"
+    return spec.element.llvm_type
+
+
+def lowered_function_type(args: Sequence[ArgSpec], results: Sequence[ArgSpec]) -> str:
+    """The ``!llvm.func`` type the default lowering gives a kernel: what every call path of memkernel assumes."""
+    inputs = ", ".join(t for spec in args for t in lowered_argument_types(spec))
+    returned = [_lowered_result_type(r) for r in results]
+    if not returned:
+        result = "void"
+    elif len(returned) == 1:
+        result = returned[0]
+    else:
+        result = f"!llvm.struct<({', '.join(returned)})>"
+    return f"!llvm.func<{result} ({inputs})>"
 
 
 class _Emitter:
@@ -201,11 +224,15 @@ class _Generator:
 
     def _layout_strides(self, obj: str, contract: BufferContract, sizes: list[str],
                         conditions: list[str]) -> list[str]:
-        """The compiled form of :meth:`BufferContract.descriptor_strides`; its failures join ``conditions``."""
+        """The compiled form of :meth:`BufferContract.descriptor_strides`; its failures join ``conditions``.
+
+        An empty array is declined: the checked path gives it the layout's strides.
+        """
         e = self.e
         assert contract.layout_strides is not None
         itemsize = e.const(contract.element.itemsize)
         zero, one = e.const(0), e.const(1)
+        conditions += [e.icmp("ne", size, zero) for size in sizes]
         byte_strides = e.load(obj, "!llvm.ptr", LAYOUT.array_strides)
         strides = []
         for i, (want, size) in enumerate(zip(contract.layout_strides, sizes)):
@@ -344,29 +371,18 @@ def fast_path(name: str, contracts: Sequence[Contract], n_inputs: int, shapes: S
     return _Generator(name, contracts, n_inputs, shapes.ties, scalars).generate()
 
 
-def _function(module: ir.Module, name: str) -> ir.Operation | None:
+def lowered_function(module: ir.Module, name: str) -> ir.Operation | None:
+    """The ``llvm.func @name`` of a lowered module, or None."""
     for op in module.body.operations:
         if op.operation.name == "llvm.func" and ir.StringAttr(op.attributes["sym_name"]).value == name:
             return op.operation
     return None
 
 
-def attach(module: ir.Module, fast: FastPath, kernel: str) -> bool:
-    """Add the fast path to a lowered module; False if the kernel's lowered signature is not the expected one.
-
-    A custom pipeline may lower with another calling convention (bare pointers,
-    say); the fast path is then left out and every call takes the Python path.
-    """
-    lowered = _function(module, kernel)
-    if lowered is None:
-        return False
+def attach(module: ir.Module, fast: FastPath) -> None:
+    """Add the fast path to a lowered module whose kernel has the default lowered signature."""
     addition = ir.Module.parse(fast.text, module.context)
-    declared = _function(addition, kernel)
-    assert declared is not None
-    if declared.attributes["function_type"] != lowered.attributes["function_type"]:
-        return False
     for op in list(addition.body.operations):
         is_declaration = op.operation.name == "llvm.func" and len(op.regions[0].blocks) == 0
         if not is_declaration:
             module.body.append(op.detach_from_parent())
-    return True

@@ -87,13 +87,15 @@ class BufferContract:
 
     def descriptor_strides(self, shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...] | None:
         """The strided layout's descriptor strides for an array of ``shape`` and element ``strides``;
-        None if a static stride differs (a size-0 or size-1 dim takes any stride)."""
+        None if a static stride differs (a size-1 dim takes any stride, and so does every dim of an
+        empty array: no element is ever addressed)."""
         assert self.layout_strides is not None
+        empty = 0 in shape
         out = []
         for want, have, size in zip(self.layout_strides, strides, shape):
             if want is None:
                 out.append(have)
-            elif want == have or size <= 1:
+            elif want == have or size <= 1 or empty:
                 out.append(want)
             else:
                 return None

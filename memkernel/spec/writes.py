@@ -54,8 +54,19 @@ _VIEWS = frozenset({
 })
 
 
+# Structured ops without an operandSegmentSizes attribute: how many of their operands are ``ins``.
+_INPUTS_OF = {
+    "linalg.reduce": lambda n: n // 2,  # as many inits as inputs
+    "linalg.transpose": lambda n: 1,
+    "linalg.broadcast": lambda n: 1,
+    "linalg.map": lambda n: n - 1,  # one init
+}
+
+
 def _linalg_inputs(op: ir.Operation) -> int | None:
     """Number of ``ins`` operands of a linalg structured op, None if not one."""
+    if op.name in _INPUTS_OF:
+        return _INPUTS_OF[op.name](len(op.operands))
     if not op.name.startswith("linalg.") or "operandSegmentSizes" not in op.attributes:
         return None
     return ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"])[0]

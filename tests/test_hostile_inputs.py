@@ -1,0 +1,229 @@
+"""Inputs a hostile user tries: each is an error that names the kernel and the argument, or numpy's answer."""
+
+from __future__ import annotations
+
+import array
+import re
+import sys
+
+import numpy as np
+import pytest
+
+from memkernel import (
+    AllocationError,
+    ArgumentError,
+    CompileError,
+    MemkernelError,
+    ShapeError,
+    ValueRangeError,
+    mlir_kernel,
+)
+
+F32 = np.float32
+
+SELECT = """func.func @pick(%b: i1, %x: i32, %y: i32) -> (i32, i32) {
+  %r = arith.select %b, %x, %y : i32
+  %w = arith.extui %b : i1 to i32
+  return %r, %w : i32, i32
+}"""
+
+SUM = """func.func @total(%x: memref<?xf32>, %out: memref<f32>) {
+  linalg.reduce ins(%x : memref<?xf32>) outs(%out : memref<f32>) dimensions = [0]
+    (%a: f32, %acc: f32) {
+      %s = arith.addf %a, %acc : f32
+      linalg.yield %s : f32
+    }
+  return
+}"""
+
+SCALE = """func.func @scale(%s: {t}, %x: memref<?x{t}>) {{
+  linalg.generic {{indexing_maps = [affine_map<(i) -> (i)>], iterator_types = ["parallel"]}}
+      outs(%x : memref<?x{t}>) {{
+  ^bb0(%v: {t}):
+    %m = arith.{mul} %v, %s : {t}
+    linalg.yield %m : {t}
+  }}
+  return
+}}"""
+
+STRIDED_COPY = """func.func @copy(%a: memref<?x?xf32, strided<[?, 1], offset: ?>>,
+                 %b: memref<?x?xf32, strided<[?, 1], offset: ?>>) {
+  linalg.copy ins(%a : memref<?x?xf32, strided<[?, 1], offset: ?>>)
+      outs(%b : memref<?x?xf32, strided<[?, 1], offset: ?>>)
+  return
+}"""
+
+IN_PLACE_OUT = """func.func @axpy(%x: memref<?xf32>, %out: memref<?xf32>) {
+  linalg.add ins(%x, %out : memref<?xf32>, memref<?xf32>) outs(%out : memref<?xf32>)
+  return
+}"""
+
+ALLOCATE = """func.func @allocate(%n: index) -> memref<?xi8> {
+  %m = memref.alloc(%n) : memref<?xi8>
+  return %m : memref<?xi8>
+}"""
+
+
+@pytest.mark.parametrize("value", [-1, np.int8(-1), True, 1])
+def test_i1_true_in_any_spelling_is_the_bit_1(value):
+    pick = mlir_kernel(SELECT)(lambda b, x, y: None)
+    assert pick(value, 7, 9) == (7, 1)
+
+
+@pytest.mark.parametrize("value", [0, False, np.int8(0)])
+def test_i1_false_in_any_spelling_is_the_bit_0(value):
+    pick = mlir_kernel(SELECT)(lambda b, x, y: None)
+    assert pick(value, 7, 9) == (9, 0)
+
+
+def test_an_integer_list_that_float32_would_round_is_refused():
+    total = mlir_kernel(SUM)(lambda x: None)
+    with pytest.raises(ValueRangeError, match=re.escape(
+            "total(): argument 'x' expects memref<?xf32>; got list whose value 16777217 is not exactly a "
+            "float32. Round it explicitly: np.asarray(x, np.float32).")):
+        total([16777217])
+    assert total([16777216, 1]) == 16777217  # exact values still convert
+
+
+def test_a_typed_float64_buffer_is_held_to_the_ndarray_rule():
+    total = mlir_kernel(SUM)(lambda x: None)
+    with pytest.raises(ArgumentError, match=re.escape("argument 'x' expects memref<?xf32> (float32, 1-d); "
+                                                      "got float64[1]. Pass x.astype(np.float32).")):
+        total(array.array("d", [0.1]))
+    assert total(array.array("f", [0.5, 0.25])) == 0.75
+
+
+def test_a_longdouble_beyond_f64_is_a_range_error():
+    scale = mlir_kernel(SCALE.format(t="f64", mul="mulf"))(lambda s, x: None)
+    with pytest.raises(ValueRangeError, match="argument 's' expects f64: value np.longdouble.*overflows f64"):
+        scale(np.longdouble("1e400"), np.ones(2))
+
+
+@pytest.mark.parametrize("t, mul, dtype", [("f32", "mulf", np.float32), ("i64", "muli", np.int64)])
+def test_a_0d_array_is_a_scalar_for_every_type(t, mul, dtype):
+    scale = mlir_kernel(SCALE.format(t=t, mul=mul))(lambda s, x: None)
+    x = np.arange(3, dtype=dtype)
+    scale(np.array(3, dtype), x)
+    np.testing.assert_array_equal(x, np.arange(3) * 3)
+
+
+@pytest.mark.parametrize("shape", [(0, 5), (3, 0), (0, 0)])
+def test_an_empty_array_fits_any_strided_layout(shape):
+    copy = mlir_kernel(STRIDED_COPY)(lambda a: None)
+    empty = np.zeros(shape, F32)
+    assert copy(empty).shape == shape
+    assert copy(np.zeros((shape[0], 2 * shape[1]), F32)[:, ::2]).shape == shape
+
+
+def test_an_in_place_kernel_may_name_a_parameter_out():
+    axpy = mlir_kernel(IN_PLACE_OUT)(lambda x, out: None)
+    out = np.ones(3, F32)
+    axpy(np.arange(3, dtype=F32), out=out)
+    np.testing.assert_array_equal(out, np.arange(3) + 1)
+
+
+def test_a_parameter_named_self_is_passed_by_keyword():
+    def scale(s, self): ...
+
+    kernel = mlir_kernel(SCALE.format(t="f32", mul="mulf"), name="scale")(scale)
+    x = np.ones(2, F32)
+    kernel(2.0, self=x)
+    np.testing.assert_array_equal(x, [2, 2])
+
+
+def test_a_masked_array_is_told_that_masks_are_not_seen():
+    total = mlir_kernel(SUM)(lambda x: None)
+    with pytest.raises(ArgumentError, match=re.escape("got a masked array float32[2]. A kernel does not see masks: "
+                                                      "pass x.filled(fill_value) or np.ma.getdata(x).")):
+        total(np.ma.masked_array(np.ones(2, F32), mask=[0, 1]))
+
+
+def test_a_ragged_list_is_an_argument_error():
+    total = mlir_kernel(SUM)(lambda x: None)
+    with pytest.raises(ArgumentError, match=r"argument 'x' expects memref<\?xf32>; got list, which numpy cannot"):
+        total([[1.0], [1.0, 2.0]])
+
+
+def test_an_object_whose_len_lies_is_an_argument_error():
+    class Liar:
+        def __len__(self):
+            return 2**62
+
+        def __getitem__(self, i):
+            raise IndexError(i)
+
+    total = mlir_kernel(SUM)(lambda x: None)
+    with pytest.raises(MemkernelError, match="argument 'x'"):
+        total(Liar())
+
+
+def test_a_huge_static_output_is_an_allocation_error_naming_it():
+    kernel = mlir_kernel("func.func @k(%a: memref<?xf32>, %c: memref<100000000000xf32>) { return }")(
+        lambda a: None)
+    with pytest.raises(AllocationError, match=re.escape("k(): cannot allocate output 'out' of shape "
+                                                        "(100000000000,) and dtype float32 (373 GiB)")):
+        kernel(np.ones(1, F32))
+
+
+def test_an_impossible_output_shape_is_a_shape_error_naming_it():
+    kernel = mlir_kernel("func.func @k(%a: memref<?xf32>, %c: memref<?x?xf32>) { return }")(
+        lambda a: (2**32, 2**32))
+    with pytest.raises(MemkernelError, match=re.escape("k(): cannot allocate output 'out' of shape "
+                                                       "(4294967296, 4294967296)")):
+        kernel(np.ones(1, F32))
+
+
+def test_a_failed_allocation_of_a_returned_buffer_is_an_allocation_error():
+    allocate = mlir_kernel(ALLOCATE)(lambda n: None)
+    with pytest.raises(AllocationError, match=re.escape(
+            "allocate(): the kernel returned a memref<?xi8> of shape (4611686018427387904,) with no memory behind "
+            "it: its memref.alloc of 4.29e+09 GiB failed (malloc returned NULL).")):
+        allocate(2**62)
+    assert allocate(16).shape == (16,)
+
+
+def test_the_recursion_limit_is_never_a_ctypes_error():
+    total = mlir_kernel(SUM)(lambda x: None)
+    values = [1.0, 2.0]  # a list: the checked path, which calls the kernel through ctypes
+    seen: list[BaseException] = []
+
+    def deep(n: int) -> None:
+        if n:
+            deep(n - 1)
+            return
+        try:
+            total(values)
+        except Exception as exc:  # noqa: BLE001 - collecting what the call raises
+            seen.append(exc)
+
+    limit = sys.getrecursionlimit()
+    try:
+        sys.setrecursionlimit(200)
+        for depth in range(120, 200, 2):
+            try:
+                deep(depth)
+            except RecursionError:
+                pass
+    finally:
+        sys.setrecursionlimit(limit)
+    assert all(isinstance(exc, RecursionError) for exc in seen), seen
+
+
+@pytest.mark.parametrize("option", ["index-bitwidth=32"])
+def test_a_pipeline_lowering_to_another_calling_convention_is_refused(option):
+    pipeline = (f"convert-linalg-to-loops,convert-scf-to-cf,convert-arith-to-llvm{{{option}}},"
+                f"finalize-memref-to-llvm{{{option}}},convert-func-to-llvm{{{option}}},convert-cf-to-llvm{{{option}}},"
+                "reconcile-unrealized-casts")
+    total = mlir_kernel(SUM, pipeline=pipeline)(lambda x: None)
+    with pytest.raises(CompileError, match=re.escape("memkernel calls it as !llvm.func<void (ptr, ptr, i64, i64, i64, "
+                                                     "ptr, ptr, i64)>")):
+        total(np.ones(3, F32))
+
+
+def test_a_shape_error_names_the_kernel_even_for_a_view_of_a_view():
+    add = mlir_kernel("""func.func @add(%a: memref<?xf32>, %b: memref<?xf32>, %c: memref<?xf32>) {
+      linalg.add ins(%a, %b : memref<?xf32>, memref<?xf32>) outs(%c : memref<?xf32>)
+      return }""")(lambda a, b: None)
+    base = np.ones(10, F32)
+    with pytest.raises(ShapeError, match="add\\(\\): a has 5 elements"):
+        add(base[::2], base[:4])
