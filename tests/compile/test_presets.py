@@ -261,6 +261,29 @@ def test_fast_static_convolutions_match_numpy_and_are_vectorized(op, spatial, wi
     check_convolution(kernel, op, shapes, DTYPES[t], seed=c + f)
 
 
+TENSOR_CONVOLUTION = """func.func @conv(%x: tensor<2x9x11x5xf32>, %w: tensor<3x3x5x20xf32>) -> tensor<2x7x9x20xf32> {
+  %zero = arith.constant 0.0 : f32
+  %empty = tensor.empty() : tensor<2x7x9x20xf32>
+  %init = linalg.fill ins(%zero : f32) outs(%empty : tensor<2x7x9x20xf32>) -> tensor<2x7x9x20xf32>
+  %y = linalg.conv_2d_nhwc_hwcf {dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}
+      ins(%x, %w : tensor<2x9x11x5xf32>, tensor<3x3x5x20xf32>) outs(%init : tensor<2x7x9x20xf32>)
+      -> tensor<2x7x9x20xf32>
+  return %y : tensor<2x7x9x20xf32>
+}"""
+
+
+def test_fast_tensor_convolution_is_vectorized_after_bufferization_and_its_fill_is_a_loop():
+    kernel = mlir_kernel(TENSOR_CONVOLUTION, pipeline="fast")(lambda x, w: None)
+    vectorized = kernel.ir("vectorized")
+    assert "vector.fma" in vectorized
+    # The fill is a loop of scalar stores (for LLVM to vectorize), not unrolled vector stores.
+    assert "memref.store" in vectorized and "arith.constant dense<0.0" not in vectorized
+    rng = np.random.default_rng(4)
+    x = rng.integers(-3, 4, (2, 9, 11, 5)).astype(np.float32)
+    w = rng.integers(-3, 4, (3, 3, 5, 20)).astype(np.float32)
+    np.testing.assert_array_equal(kernel(x, w), convolution_reference("conv_2d_nhwc_hwcf", x, w, 1, 1))
+
+
 def test_fast_convolution_through_strided_views():
     op = "conv_2d_nhwc_hwcf"
     rng = np.random.default_rng(3)

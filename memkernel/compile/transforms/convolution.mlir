@@ -41,6 +41,10 @@ module attributes {transform.with_named_sequence} {
       transform.apply_patterns.linalg.fold_unit_extent_dims_via_slices
       transform.apply_patterns.canonicalization
     } : !transform.any_op
+    // Fills (of a tensor kernel's output, say) become plain loops, left to LLVM: vectorized
+    // here, a fill is one transfer the size of its memref, unrolled into thousands of stores.
+    %fills = transform.structured.match ops{["linalg.fill"]} in %func : (!transform.any_op) -> !transform.any_op
+    %fill_loops = transform.structured.convert_to_loops %fills : (!transform.any_op) -> !transform.any_op
     %vectorized = transform.structured.vectorize_children_and_apply_patterns %func
         : (!transform.any_op) -> !transform.any_op
     // Folding the subviews into the transfers leaves the output block's read and write on
