@@ -143,7 +143,7 @@ class Kernel:
     def _build_invoker(self) -> Invoker:
         spec = self.spec
         results = spec.signature.results
-        fast_spec = fast_path(spec.name, spec.contracts, spec.n_inputs, spec.shapes, results) if abi.fast_path_enabled() else None
+        fast_spec = fast_path(spec, results) if abi.fast_path_enabled() else None
         compiled = self._compiled_function(fast_spec)
         allocator = OutputAllocator(
             spec.name,
@@ -153,7 +153,7 @@ class Kernel:
             spec.output_sources(),
         )
         plan = CallPlan(spec.name, [binder_for(c) for c in spec.contracts], spec.n_inputs, allocator, spec.shapes,
-                        results, compiled.address, compiled)
+                        spec.overlap_pairs, results, compiled.address, compiled)
         fast = None
         if compiled.fast_address and fast_spec is not None:
             fast = FastFunction(compiled.fast_address, compiled.consts_address, fast_spec, results)

@@ -227,3 +227,52 @@ def test_a_shape_error_names_the_kernel_even_for_a_view_of_a_view():
     base = np.ones(10, F32)
     with pytest.raises(ShapeError, match="add\\(\\): a has 5 elements"):
         add(base[::2], base[:4])
+
+
+ADD_1D = """func.func @add(%a: memref<?xf32>, %b: memref<?xf32>, %c: memref<?xf32>) {
+  linalg.add ins(%a, %b : memref<?xf32>, memref<?xf32>) outs(%c : memref<?xf32>)
+  return
+}"""
+
+MATMUL = """func.func @matmul(%a: memref<?x?xf32>, %b: memref<?x?xf32>, %c: memref<?x?xf32>) {
+  linalg.matmul ins(%a, %b : memref<?x?xf32>, memref<?x?xf32>) outs(%c : memref<?x?xf32>)
+  return
+}"""
+
+
+def test_an_output_overlapping_its_inputs_computes_as_if_they_were_copied_first():
+    add = mlir_kernel(ADD_1D)(lambda a, b: None)
+    x, expected = np.arange(6, dtype=F32), np.arange(6, dtype=F32)
+    np.add(expected[:-1], expected[:-1], out=expected[1:])
+    add(x[:-1], x[:-1], out=x[1:])
+    np.testing.assert_array_equal(x, expected)
+    assert add.invoker.last_path == "checked"  # the fast path declines, the checked path copies
+
+
+def test_the_same_array_as_input_and_out_stays_one_buffer_on_the_fast_path():
+    add = mlir_kernel(ADD_1D)(lambda a, b: None)
+    x = np.arange(6, dtype=F32)
+    add(x, x, out=x)
+    np.testing.assert_array_equal(x, np.arange(6) * 2)
+
+
+def test_a_matmul_whose_out_overlaps_an_input_matches_numpy():
+    matmul = mlir_kernel(MATMUL)(lambda a, b: None)
+    rng = np.random.default_rng(3)
+    big = rng.integers(-3, 4, (5, 4)).astype(F32)
+    b = rng.integers(-3, 4, (4, 4)).astype(F32)
+    expected = big[1:] + big[:4] @ b
+    matmul(big[:4], b, out=big[1:])
+    np.testing.assert_array_equal(big[1:], expected)
+
+
+def test_two_written_arguments_that_partly_overlap_are_refused():
+    swap = mlir_kernel("""func.func @swap(%a: memref<?xf32>, %b: memref<?xf32>) {
+      linalg.copy ins(%a : memref<?xf32>) outs(%b : memref<?xf32>)
+      linalg.copy ins(%b : memref<?xf32>) outs(%a : memref<?xf32>)
+      return }""")(lambda a, b: None)
+    x = np.arange(6, dtype=F32)
+    with pytest.raises(ArgumentError, match=re.escape(
+            "swap(): 'a' and 'b' overlap in memory without being the same view, and the kernel may write both")):
+        swap(x[:4], x[2:])
+    np.testing.assert_array_equal(x, np.arange(6))

@@ -17,16 +17,24 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from .allocation import OutputAllocator
 from .binders import Binder, CallState, ScalarBinder
 from .descriptors import align
 from .results import ResultReader
-from ..errors import CallDepthError
+from ..errors import ArgumentError, CallDepthError
 from ..spec.shapes import ShapeRules
 from ..spec.signature import ArgSpec
 
 _WORD = 8
 _ENTRY = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+def _same_view(x: np.ndarray, y: np.ndarray) -> bool:
+    """The very same elements in the same order: one buffer, whichever arguments it is passed as."""
+    return (x.__array_interface__["data"][0] == y.__array_interface__["data"][0] and x.shape == y.shape
+            and x.strides == y.strides and x.dtype == y.dtype)
 
 
 class _Frame:
@@ -44,9 +52,11 @@ class CallPlan:
     """Packs arguments into a frame, calls the kernel and decodes its results."""
 
     def __init__(self, kernel: str, binders: Sequence[Binder], n_inputs: int, allocator: OutputAllocator,
-                 shapes: ShapeRules, results: Sequence[ArgSpec], address: int, keep_alive: Any) -> None:
+                 shapes: ShapeRules, overlaps: Sequence[tuple[int, int]], results: Sequence[ArgSpec], address: int,
+                 keep_alive: Any) -> None:
         self.binders = tuple(binders)
         self._shapes = shapes
+        self._overlaps = tuple(overlaps)
         self._kernel = kernel
         self._names = tuple(b.contract.name for b in binders)
         self._inputs = self.binders[:n_inputs]
@@ -100,6 +110,28 @@ class CallPlan:
         self.frame_size = self._results_offset + self._reader.size
         self.pointer_slots = tuple(pointer_slots)
 
+    def _separate_overlaps(self, checked: list[Any]) -> None:
+        """Copy each input that a written argument partly overlaps, as numpy does; refuse written ones that do.
+
+        The same view passed twice stays one buffer. The check is numpy's cheap
+        extent test, so interleaved views that never touch are copied too.
+        """
+        for i, j in self._overlaps:
+            x, y = checked[i], checked[j]
+            if _same_view(x, y) or not np.may_share_memory(x, y):
+                continue
+            first, second = self.binders[i].contract, self.binders[j].contract
+            if first.needs_writeable and second.needs_writeable:  # type: ignore[union-attr]
+                if np.shares_memory(x, y):
+                    raise ArgumentError(
+                        f"{self._kernel}(): '{first.name}' and '{second.name}' overlap in memory without being "
+                        "the same view, and the kernel may write both: the result would depend on the order of "
+                        "its writes. Pass arrays that do not overlap, or the very same array for both."
+                    )
+                continue
+            reader = j if first.needs_writeable else i  # type: ignore[union-attr]
+            checked[reader] = np.array(checked[reader], copy=True)
+
     def call(self, args: tuple[Any, ...], given: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         """Run the kernel on the inputs ``args`` and the outputs ``given`` (None for each to allocate).
 
@@ -117,6 +149,7 @@ class CallPlan:
         checked += [binder.check(value, state) for binder, value in zip(self._outputs, outputs)]
         self._shapes.check(self._kernel, self._names,
                            [None if isinstance(b, ScalarBinder) else c.shape for b, c in zip(self.binders, checked)])
+        self._separate_overlaps(checked)
         packed: list[Any] = []
         for binder, value in zip(self.binders, checked):
             packed.extend(binder.pack(value, state))

@@ -33,7 +33,7 @@ import numpy as np
 from mlir import ir
 
 from ..spec.contract import BufferContract, Contract, ScalarContract
-from ..spec.shapes import ShapeRules, Tie
+from ..spec.analysis import KernelSpec
 from ..spec.signature import ArgSpec, MemRefSpec, ScalarSpec, UnrankedSpec
 from .abi import LAYOUT
 from .constants import FIRST_DTYPE, Slot
@@ -132,18 +132,19 @@ class _Emitter:
 
 
 class _Generator:
-    def __init__(self, name: str, contracts: Sequence[Contract], n_inputs: int, ties: Sequence[Tie],
-                 results: Sequence[ScalarSpec]) -> None:
-        self.name = name
-        self.contracts = contracts
-        self.n_inputs = n_inputs
-        self.ties = ties
+    def __init__(self, spec: KernelSpec, results: Sequence[ScalarSpec]) -> None:
+        self.name = spec.name
+        self.contracts = spec.contracts
+        self.n_inputs = spec.n_inputs
+        self.ties = spec.shapes.ties
+        self.overlaps = spec.overlap_pairs
         self.sizes: dict[int, list[str]] = {}
+        self.descriptors: dict[int, tuple[str, list[str], list[str]]] = {}
         self.results = results
         self.dtypes: list[np.dtype] = []
         self.e = _Emitter()
-        self.consts = f"__memkernel_consts_{name}"
-        self.function = f"__memkernel_fast_{name}"
+        self.consts = f"__memkernel_consts_{spec.name}"
+        self.function = f"__memkernel_fast_{spec.name}"
 
     def _const_slot(self, slot: int) -> str:
         """Load the constants table's entry ``slot`` (a :class:`Slot` or a dtype slot)."""
@@ -211,6 +212,7 @@ class _Generator:
             aligned = e.at(data, -static_offset * contract.element.itemsize) if static_offset else data
         if conditions:
             e.check(e.all_of(conditions))
+        self.descriptors[contract.index] = (data, sizes, strides)
         return [data, aligned, offset, *sizes, *strides]
 
     def _contiguous_strides(self, sizes: list[str]) -> list[str]:
@@ -303,6 +305,45 @@ class _Generator:
         if conditions:
             e.check(e.all_of(conditions))
 
+    def _extent(self, index: int) -> tuple[str, str, str]:
+        """Argument ``index``'s memory as ``[lo, hi)`` byte addresses, and whether it is empty."""
+        e = self.e
+        data, sizes, strides = self.descriptors[index]
+        itemsize = self.contracts[index].element.itemsize
+        zero, one = e.const(0), e.const(1)
+        start = e.value(f"llvm.ptrtoint {data} : !llvm.ptr to i64")
+        low, high = zero, one
+        empty = e.const(0, "i1")
+        for size, stride in zip(sizes, strides):
+            empty = e.value(f"llvm.or {empty}, {e.icmp('eq', size, zero)} : i1")
+            last = e.value(f"llvm.mul {e.value(f'llvm.sub {size}, {one} : i64')}, {stride} : i64")
+            low = e.value(f"llvm.add {low}, {e.value(f'llvm.intr.smin({last}, {zero}) : (i64, i64) -> i64')} : i64")
+            high = e.value(f"llvm.add {high}, {e.value(f'llvm.intr.smax({last}, {zero}) : (i64, i64) -> i64')} : i64")
+        scale = e.const(itemsize)
+        lo = e.value(f"llvm.add {start}, {e.value(f'llvm.mul {low}, {scale} : i64')} : i64")
+        hi = e.value(f"llvm.add {start}, {e.value(f'llvm.mul {high}, {scale} : i64')} : i64")
+        return lo, hi, empty
+
+    def _check_overlaps(self) -> None:
+        """The compiled form of the checked path's overlap rule: disjoint, empty or the very same view,
+        else decline (the checked path copies the input, as numpy does)."""
+        e = self.e
+        conditions = []
+        for i, j in self.overlaps:
+            lo_a, hi_a, empty_a = self._extent(i)
+            lo_b, hi_b, empty_b = self._extent(j)
+            apart = e.value(f"llvm.or {e.icmp('ule', hi_a, lo_b)}, {e.icmp('ule', hi_b, lo_a)} : i1")
+            fine = e.value(f"llvm.or {apart}, {e.value(f'llvm.or {empty_a}, {empty_b} : i1')} : i1")
+            first, second = self.contracts[i], self.contracts[j]
+            if first.element.dtype == second.element.dtype and first.spec.rank == second.spec.rank:  # type: ignore[union-attr]
+                (data_a, sizes_a, strides_a), (data_b, sizes_b, strides_b) = self.descriptors[i], self.descriptors[j]
+                same = [e.icmp("eq", data_a, data_b, "!llvm.ptr")]
+                same += [e.icmp("eq", x, y) for x, y in zip(sizes_a + strides_a, sizes_b + strides_b)]
+                fine = e.value(f"llvm.or {fine}, {e.all_of(same)} : i1")
+            conditions.append(fine)
+        if conditions:
+            e.check(e.all_of(conditions))
+
     def _fabs(self, value: str) -> str:
         return self.e.value(f"llvm.intr.fabs({value}) : (f64) -> f64")
 
@@ -320,6 +361,7 @@ class _Generator:
                 operands += self._scalar(contract)
             types += lowered_argument_types(contract.spec)
         self._check_ties()
+        self._check_overlaps()
         result_types = [r.element.llvm_type for r in self.results]
         if not result_types:
             returned = "!llvm.void"
@@ -356,19 +398,18 @@ llvm.func @{self.function}(%self: !llvm.ptr, %argv: !llvm.ptr, %nargs: i64) -> !
         return FastPath(text, self.function, self.consts, tuple(self.dtypes))
 
 
-def fast_path(name: str, contracts: Sequence[Contract], n_inputs: int, shapes: ShapeRules,
-              results: Sequence[ArgSpec]) -> FastPath | None:
+def fast_path(spec: KernelSpec, results: Sequence[ArgSpec]) -> FastPath | None:
     """The fast path for a kernel, or None if one of its argument kinds is not handled.
 
-    ``contracts`` has one entry per MLIR argument; the first ``n_inputs`` come
-    from the inputs tuple, the others from the outputs tuple. ``shapes``' ties
+    Its arguments' contracts come from the inputs tuple (the first
+    ``n_inputs``) and the outputs tuple. The shape ties and the overlap pairs
     are checked in compiled code; a kernel with bounds (affine accesses, as in
     convolutions) is left to the checked path, which checks them.
     """
     scalars = [r for r in results if isinstance(r, ScalarSpec)]
-    if not all(_handles(c) for c in contracts) or len(scalars) != len(results) or shapes.bounds:
+    if not all(_handles(c) for c in spec.contracts) or len(scalars) != len(results) or spec.shapes.bounds:
         return None
-    return _Generator(name, contracts, n_inputs, shapes.ties, scalars).generate()
+    return _Generator(spec, scalars).generate()
 
 
 def lowered_function(module: ir.Module, name: str) -> ir.Operation | None:

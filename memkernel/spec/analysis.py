@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import SignatureError
-from .contract import Contract, contract_for
+from .contract import BufferContract, Contract, contract_for
 from .shapes import Dim, ShapeRules, ir_rules, named_rules
 from .signature import ArgSpec, MemRefSpec, ScalarSpec, Signature, read_signature
 from .source import MLIR_LOCK, ParsedSource
@@ -47,6 +47,17 @@ class KernelSpec:
     written: frozenset[int]
     contracts: tuple[Contract, ...]
     shapes: ShapeRules
+
+    @property
+    def overlap_pairs(self) -> tuple[tuple[int, int], ...]:
+        """The pairs of memref arguments, at least one of them written, whose memory must not partly overlap.
+
+        Where a written argument partly overlaps another, numpy computes as if the
+        inputs had been copied first; both call paths check these pairs.
+        """
+        buffers = [c for c in self.contracts if isinstance(c, BufferContract)]
+        return tuple((a.index, b.index) for k, a in enumerate(buffers) for b in buffers[k + 1:]
+                     if a.needs_writeable or b.needs_writeable)
 
     @property
     def argument_names(self) -> tuple[str, ...]:

@@ -277,3 +277,29 @@ def test_static_shape_and_offset(shifted, data):
 def test_an_argument_written_in_place(increment, data):
     x = data.draw(arrays(["int64", "int64", "uint64", "int32"], st.one_of(dims(1), dims(2))), label="x")
     check_equivalent(*increment, (x, data.draw(integers(64, True, True), label="by")))
+
+
+@pytest.fixture(scope="module")
+def add1d():
+    return pair(elementwise("arith.addf", "memref<?xf32>", "f32", 1), "k", lambda a, b: None)
+
+
+@EXAMPLES
+@given(n=st.integers(0, 6), offsets=st.tuples(*[st.integers(0, 12)] * 3), steps=st.tuples(*[st.sampled_from([1, 2, -1])] * 3))
+def test_overlapping_views_of_one_buffer_compute_as_numpy_does(add1d, n, offsets, steps):
+    """numpy computes as if the inputs were copied first when the output overlaps them: so do both paths."""
+
+    def views() -> tuple[np.ndarray, ...]:
+        base = np.arange(40, dtype=np.float32)
+        made = [base]
+        for offset, step in zip(offsets, steps):
+            start = offset if step > 0 else offset + (n - 1) * -step
+            made.append(base[start:start + n * step:step] if step > 0 else base[start::step][:n])
+        return tuple(made)
+
+    base, a, b, out = views()
+    np.add(a.copy(), b.copy(), out=out)
+    for kernel in add1d:
+        got_base, a, b, out = views()
+        kernel(a, b, out=out)
+        np.testing.assert_array_equal(got_base, base)
