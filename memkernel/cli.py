@@ -75,13 +75,15 @@ def is_memref(spec: ArgSpec) -> bool:
     return isinstance(spec, (MemRefSpec, UnrankedSpec)) and not spec.tensor
 
 
-def check_function(parsed: ParsedSource, path: str, function: str) -> None:
-    """CommandLineError unless ``path`` defines ``func.func @function`` with a body; lists those it defines."""
+def check_function(parsed: ParsedSource, path: str, function: str) -> str:
+    """``function`` without its ``@``; CommandLineError, listing the functions ``path`` defines, if it is not one."""
+    function = function.removeprefix("@")
     with MLIR_LOCK, parsed.context:
         defined = parsed.defined_names()
-    if function.lstrip("@") not in defined:
+    if function not in defined:
         listed = ", ".join(defined) or "none"
-        raise CommandLineError(f"{path} defines no func.func @{function.lstrip('@')} with a body; it defines: {listed}")
+        raise CommandLineError(f"{path} defines no func.func @{function} with a body; it defines: {listed}")
+    return function
 
 
 def argument_names(parsed: ParsedSource, function: str) -> list[str]:
@@ -189,10 +191,14 @@ def run_info(options: argparse.Namespace) -> int:
 # -- arguments shared by call and bench ------------------------------------------------------
 
 
-def _pairs(entries: Sequence[str], option: str, value: str) -> dict[str, str]:
+def _pairs(entries: Sequence[str], option: str, value: str, names: Sequence[str]) -> dict[str, str]:
+    """``NAME=VALUE`` entries by argument name; the MLIR spelling (``%in``, ``in``) names ``in_`` too."""
     pairs: dict[str, str] = {}
     for entry in entries:
         name, equals, text = entry.partition("=")
+        name = name.removeprefix("%")
+        if name not in names and f"{name}_" in names:
+            name += "_"
         if not equals or not name:
             raise CommandLineError(f"{option} expects NAME={value}, got {entry!r}")
         if name in pairs:
@@ -219,11 +225,8 @@ class Plan:
         return self.names[self.n_given:]
 
 
-def plan_arguments(parsed: ParsedSource, path: str, function: str, given: Sequence[str], option: str) -> Plan:
+def plan_arguments(parsed: ParsedSource, function: str, names: list[str], given: Sequence[str], option: str) -> Plan:
     """Check that the names ``given`` are the leading arguments of ``@function`` and the others trailing memrefs."""
-    check_function(parsed, path, function)
-    function = function.lstrip("@")
-    names = argument_names(parsed, function)
     with MLIR_LOCK, parsed.context:
         args = read_signature(parsed.function(function)).args
     listed = ", ".join(f"{n} ({a.mlir})" for n, a in zip(names, args)) or "none"
@@ -363,13 +366,14 @@ def _refuse_overwriting_inputs(directory: Path, saved: Sequence[str], inputs: di
 
 def run_call(options: argparse.Namespace) -> int:
     parsed = read_source(options.file)
-    arrays_given = _pairs(options.arg, "--arg", "PATH.npy")
-    scalars_given = _pairs(options.scalar, "--scalar", "VALUE")
+    function = check_function(parsed, options.file, options.function)
+    names = argument_names(parsed, function)
+    arrays_given = _pairs(options.arg, "--arg", "PATH.npy", names)
+    scalars_given = _pairs(options.scalar, "--scalar", "VALUE", names)
     both = sorted(set(arrays_given) & set(scalars_given))
     if both:
         raise CommandLineError(f"{both[0]} is given both as --arg and as --scalar")
-    plan = plan_arguments(parsed, options.file, options.function, [*arrays_given, *scalars_given],
-                          "--arg NAME=PATH.npy")
+    plan = plan_arguments(parsed, function, names, [*arrays_given, *scalars_given], "--arg NAME=PATH.npy")
     values = scalars(plan, scalars_given)
     for name, path in arrays_given.items():
         if isinstance(plan.args[plan.names.index(name)], ScalarSpec):
@@ -488,9 +492,14 @@ def _seconds(t: float) -> str:
 
 def run_bench(options: argparse.Namespace) -> int:
     parsed = read_source(options.file)
-    shapes_given = _pairs(options.shape, "--shape", "NxM")
-    scalars_given = _pairs(options.scalar, "--scalar", "VALUE")
-    plan = plan_arguments(parsed, options.file, options.function, [*shapes_given, *scalars_given], "--shape NAME=NxM")
+    function = check_function(parsed, options.file, options.function)
+    names = argument_names(parsed, function)
+    shapes_given = _pairs(options.shape, "--shape", "NxM", names)
+    scalars_given = _pairs(options.scalar, "--scalar", "VALUE", names)
+    both = sorted(set(shapes_given) & set(scalars_given))
+    if both:
+        raise CommandLineError(f"{both[0]} is given both as --shape and as --scalar")
+    plan = plan_arguments(parsed, function, names, [*shapes_given, *scalars_given], "--shape NAME=NxM")
     values = scalars(plan, scalars_given)
     shapes = {plan.names.index(n): parse_shape(n, text, "--shape") for n, text in shapes_given.items()}
     for i in shapes:
@@ -514,8 +523,8 @@ def run_bench(options: argparse.Namespace) -> int:
         return [arrays[n] if n in arrays else values[n] for n in plan.given]
 
     full = arguments(shapes)
+    outputs, results = _returned(kernel, kernel(*full))  # checks the shapes first
     small = arguments(smallest_shapes(kernel, shapes))
-    outputs, results = _returned(kernel, kernel(*full))
     kernel(*small)
     progress = Progress(sys.stderr)
     try:

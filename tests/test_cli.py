@@ -163,7 +163,7 @@ def test_call_with_the_fast_pipeline(work, tmp_path):
 
 
 def test_call_saves_arguments_written_in_place_and_results(work, tmp_path):
-    done = memkernel(work, "call", "kernels.mlir", "axpy", "--scalar", "alpha=2.5", "--arg", "in_=x.npy",
+    done = memkernel(work, "call", "kernels.mlir", "axpy", "--scalar", "alpha=2.5", "--arg", "in=x.npy",
                      "--arg", "y=y.npy", "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr
     np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), 2.5 * np.arange(6.0) + 1)
@@ -230,7 +230,9 @@ def _error(done: subprocess.CompletedProcess[str]) -> str:
     (["call", "kernels.mlir", "matmul", "--arg", "a=none.npy", "--arg", "b=b.npy"],
      "--arg a=none.npy: cannot load it: No such file or directory"),
     (["call", "kernels.mlir", "matmul", "--arg", "a"], "--arg expects NAME=PATH.npy, got 'a'"),
-    (["call", "kernels.mlir", "matmul", "--arg", "a=a.npy", "--arg", "a=b.npy"], "--arg a is given twice"),
+    (["call", "kernels.mlir", "matmul", "--arg", "a=a.npy", "--arg", "%a=b.npy"], "--arg a is given twice"),
+    (["call", "kernels.mlir", "axpy", "--arg", "alpha=a.npy", "--scalar", "alpha=1"],
+     "alpha is given both as --arg and as --scalar"),
     (["call", "kernels.mlir", "matmul", "--arg", "a=a.npy", "--arg", "b=b.npy", "--out", "kernels.mlir/sub"],
      "cannot create --out kernels.mlir/sub: Not a directory"),
     (["call", "kernels.mlir", "matmul", "--arg", "a=a.npy", "--arg", "b=b.npy", "--pipeline", "bogus"],
@@ -243,6 +245,8 @@ def _error(done: subprocess.CompletedProcess[str]) -> str:
      "@matmul argument 'a' (memref<?x?xf32>) is not given; pass it with --shape a=NxM."),
     (["bench", "kernels.mlir", "matmul", "--shape", "a=3x4", "--shape", "b=5x6"],
      "matmul(): a has 4 elements on dim 1 but b has 5 on dim 0; @matmul's linalg.matmul needs them equal."),
+    (["bench", "kernels.mlir", "matmul", "--shape", "a=3x4x5", "--shape", "b=4x5"],
+     "matmul(): argument 'a' expects memref<?x?xf32> (float32, 2-d); got float32[3, 4, 5]."),
     (["bench", "kernels.mlir", "axpy", "--shape", "alpha=3", "--shape", "in_=3", "--shape", "y=3"],
      "--shape alpha: @axpy argument 'alpha' is a scalar; pass --scalar alpha=VALUE"),
 ])
@@ -327,6 +331,19 @@ def test_bench_keeps_static_dims_in_the_smallest_shapes(work):
     assert done.returncode == 0, done.stderr
     assert "smallest shapes: arg0 int32[4])" in done.stdout
     assert "(8 flops: linalg.generic 2·4)" in done.stdout
+
+
+def test_bench_s_smallest_shapes_respect_static_dims_and_convolution_bounds(work, tmp_path):
+    (tmp_path / "conv.mlir").write_text("""
+func.func @conv(%in: memref<?xf32>, %k: memref<3xf32>, %out: memref<?xf32>) {
+  linalg.conv_1d ins(%in, %k : memref<?xf32>, memref<3xf32>) outs(%out : memref<?xf32>)
+  return
+}""")
+    done = memkernel(work, "bench", str(tmp_path / "conv.mlir"), "conv", "--shape", "in=100", "--shape", "k=3",
+                     "--shape", "%out=98", "--repeat", "2")
+    assert done.returncode == 0, done.stderr
+    assert "smallest shapes: in_ float32[3], k float32[3], out_ float32[1])" in done.stdout
+    assert _bench_line(done.stdout, "compute").endswith(f"({2 * 98 * 3:,} flops: linalg.conv_1d 2·98·3)")
 
 
 def test_bench_shows_a_progress_line_after_a_second_and_erases_it(work):
