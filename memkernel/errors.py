@@ -67,3 +67,29 @@ class CallDepthError(MemkernelError, RecursionError):
 
 class ChunkingError(MemkernelError, TypeError):
     """:func:`memkernel.dask.apply` cannot split this kernel's work into chunks (see :mod:`memkernel.dask`)."""
+
+
+class KernelCrashed(MemkernelError, RuntimeError):
+    """An isolated call's worker process died: the kernel crashed (``isolate=True``, see :mod:`memkernel.isolate`).
+
+    ``signal`` is the signal's name (``"SIGSEGV"``) or None when the worker
+    exited; ``kernel`` the kernel's name; ``arguments`` a summary of what the
+    call passed; ``output`` the last lines the worker wrote to its stderr. The
+    worker is restarted at the next call; the caller's arrays are left as they
+    were before the call.
+    """
+
+    def __init__(self, message: str, *, signal: str | None = None, kernel: str = "", arguments: str = "",
+                 output: str = "") -> None:
+        super().__init__(message)
+        self.signal = signal
+        self.kernel = kernel
+        self.arguments = arguments
+        self.output = output
+
+    def __reduce__(self) -> tuple[type, tuple[str], dict[str, object]]:
+        return type(self), (str(self),), dict(self.__dict__)
+
+
+class KernelTimeout(MemkernelError, TimeoutError):
+    """An isolated call ran longer than its ``timeout=``: the worker was killed, and is restarted at the next call."""

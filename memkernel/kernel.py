@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from . import isolate as isolation
 from .call.allocation import OutputAllocator
 from .call.binders import binder_for
 from .call.callbacks import PendingErrors, bind_callbacks
@@ -52,12 +53,15 @@ class KernelOptions:
     callbacks: dict[str, Callable[..., Any]]
     capture_output: bool | None
     parallel: bool
+    isolate: bool | None = None
+    timeout: float | None = None
 
     def decorator(self) -> Callable[[Callable[..., Any]], Kernel]:
         """The :func:`mlir_kernel` decorator these options make."""
         return mlir_kernel(self.source, name=self.name, pipeline=self.pipeline, opt_level=self.opt_level,
                            shared_libs=self.shared_libs, cache=self.cache, callbacks=self.callbacks or None,
-                           capture_output=self.capture_output, parallel=self.parallel)
+                           capture_output=self.capture_output, parallel=self.parallel,
+                           isolate=self.isolate, timeout=self.timeout)
 
 
 class Kernel:
@@ -88,12 +92,14 @@ class Kernel:
         callbacks: Mapping[str, Callable[..., Any]] | None = None,
         capture_output: bool | None = None,
         parallel: bool = False,
+        isolate: bool | None = None,
+        timeout: float | None = None,
     ) -> None:
         functools.update_wrapper(self, function)
         self.__dict__.pop("__wrapped__", None)
         self._function = function
         self.options = KernelOptions(source, name, pipeline, opt_level, tuple(shared_libs), cache,
-                                     dict(callbacks or {}), capture_output, parallel)
+                                     dict(callbacks or {}), capture_output, parallel, isolate, timeout)
         self._pipeline: Pipeline = parse_pipeline(pipeline, parallel)
         if not isinstance(opt_level, int) or not 0 <= opt_level <= 3:
             raise ValueError(f"opt_level must be 0, 1, 2 or 3, got {opt_level!r}")
@@ -111,6 +117,7 @@ class Kernel:
         self.__signature__ = self.spec.python_signature
         self._invoker: Invoker | None = None
         self._lock = threading.Lock()
+        isolation.check_options(self.spec.name, isolate, timeout, callbacks)
 
     @property
     def _name(self) -> str:
@@ -141,6 +148,8 @@ class Kernel:
         return invoker
 
     def _build_invoker(self) -> Invoker:
+        if isolation.wanted(self.options.isolate, self.options.callbacks):
+            return isolation.invoker(self)
         spec = self.spec
         results = spec.signature.results
         fast_spec = fast_path(spec, results) if abi.fast_path_enabled() else None
@@ -269,6 +278,8 @@ def mlir_kernel(
     callbacks: Mapping[str, Callable[..., Any]] | None = None,
     capture_output: bool | None = None,
     parallel: bool = False,
+    isolate: bool | None = None,
+    timeout: float | None = None,
 ) -> Callable[[Callable[..., Any]], Kernel]:
     """Turn a Python function into a call of the MLIR ``func.func`` it names.
 
@@ -297,6 +308,10 @@ def mlir_kernel(
     ``sys.stdout``/``sys.stderr`` (see :mod:`memkernel.stdio`): None (the
     default) does so when the kernel may print and the Python streams are not
     the C ones (Jupyter, pytest); True always; False never.
+    ``isolate=True`` runs every call in a worker process, so a kernel that
+    crashes raises KernelCrashed instead of killing this process, and
+    ``timeout`` (seconds) bounds an isolated call (KernelTimeout); None (the
+    default) isolates when ``$MEMKERNEL_ISOLATE`` is set (see :mod:`memkernel.isolate`).
 
     Raises MLIRSyntaxError, SignatureError or CompileError (a bad pipeline or
     library) at decoration; the returned :class:`Kernel` raises ArgumentError,
@@ -306,7 +321,7 @@ def mlir_kernel(
     def decorate(function: Callable[..., Any]) -> Kernel:
         return Kernel(function, source, name=name, pipeline=pipeline, opt_level=opt_level,
                       shared_libs=shared_libs, cache=cache, callbacks=callbacks,
-                      capture_output=capture_output, parallel=parallel)
+                      capture_output=capture_output, parallel=parallel, isolate=isolate, timeout=timeout)
 
     return decorate
 

@@ -1,0 +1,161 @@
+"""An isolated kernel's calls, on the caller's side: check, copy into shared memory, call in the worker, copy back.
+
+Every rule of a call runs in the caller first, as without isolation: the
+binders check and convert each argument, the outputs ``out=`` leaves out are
+allocated, the shape rules are checked, so every error is raised here, the
+same error with the same message. The checked arrays are copied once into
+the worker's segment (outputs allocated for this call are zero-filled there
+instead) and the worker calls the kernel on views of them, every output
+passed as ``out=``. When it returns, each array the kernel may write
+(:attr:`~memkernel.spec.contract.BufferContract.needs_writeable`) and each
+allocated output is copied back into the caller's array, elementwise, so a
+view's elements are written and the elements between them are not. A
+returned memref that lies in the segment (it aliases an argument) becomes a
+view of the caller's memory there; any other comes back as an array.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..call.allocation import OutputAllocator
+from ..call.binders import Binder, CallState, ScalarBinder, binder_for, describe_value
+from ..call.results import ExposedMemory
+from ..call import scalars
+from ..errors import KernelCrashed, KernelTimeout
+from ..kernel import Kernel
+from ..spec.contract import BufferContract
+from ..spec.signature import MemRefSpec
+from . import process
+from .definition import Definition, Result, Value
+from .shared import Layout, reach
+
+
+class IsolatedRun:
+    """Runs one kernel's calls in the worker; built once per kernel, at its first call."""
+
+    def __init__(self, kernel: Kernel) -> None:
+        spec = kernel.spec
+        self._kernel = spec.name
+        self._spec = spec
+        self._binders: tuple[Binder, ...] = tuple(binder_for(c) for c in spec.contracts)
+        self._inputs = self._binders[:spec.n_inputs]
+        self._outputs = self._binders[spec.n_inputs:]
+        self.allocator = OutputAllocator(
+            spec.name,
+            [(c.name, c.spec) for c in spec.contracts[spec.n_inputs:]],  # type: ignore[misc]
+            [(i, a) for i, a in enumerate(spec.signature.args[:spec.n_inputs]) if isinstance(a, MemRefSpec)],
+            kernel._function,
+            spec.output_sources(),
+        )
+        self._written = tuple(isinstance(c, BufferContract) and c.needs_writeable for c in spec.contracts)
+        self._definition = Definition.of(kernel)
+        self._token = f"{id(self):x}-{spec.name}"
+        self._timeout = kernel.options.timeout
+
+    def __call__(self, args: tuple[Any, ...], given: tuple[Any, ...]) -> Any:
+        """The kernel's return value for the bound inputs ``args`` and the outputs ``given`` (None: allocate)."""
+        checked, outputs, fresh = self._checked(args, given)
+        arrays = [i for i, (b, c) in enumerate(zip(self._binders, checked))
+                  if not isinstance(b, ScalarBinder) and c.size]
+        layout = Layout([checked[i] for i in arrays])
+        with process.lock():
+            worker = process.worker()
+            segment = worker.segment_for(layout.size)
+            values: list[Value] = [self._value(b, c) for b, c in zip(self._binders, checked)]
+            views: dict[int, np.ndarray] = {}
+            for i, placed in zip(arrays, layout.placed):
+                views[i] = view = placed.view(segment.map)
+                if fresh[i]:
+                    view.fill(0)
+                else:
+                    np.copyto(view, checked[i], casting="no")
+                values[i] = ("array", placed)
+            results = self._request(worker, values, args, checked)
+            for i, view in views.items():
+                if self._written[i] or fresh[i]:
+                    np.copyto(checked[i], view, casting="no")
+        returned = tuple(outputs) + tuple(self._result(r, layout) for r in results)
+        if not returned:
+            return None
+        return returned[0] if len(returned) == 1 else returned
+
+    def _checked(self, args: tuple[Any, ...], given: tuple[Any, ...]) -> tuple[list[Any], tuple[Any, ...], list[bool]]:
+        """Each argument checked and converted, the outputs allocated, the shape rules checked (as the call plan does)."""
+        state = CallState()
+        checked = [binder.check(value, state) for binder, value in zip(self._inputs, args)]
+        outputs = given
+        if any(g is None for g in given):
+            shown = tuple(c if not isinstance(b, ScalarBinder) else v for b, c, v in zip(self._inputs, checked, args))
+            outputs = self.allocator.allocate(shown, given)
+        checked += [binder.check(value, state) for binder, value in zip(self._outputs, outputs)]
+        self._spec.shapes.check(self._kernel, self._spec.argument_names,
+                                [None if isinstance(b, ScalarBinder) else c.shape
+                                 for b, c in zip(self._binders, checked)])
+        fresh = [False] * len(self._inputs) + [g is None for g in given]
+        return checked, outputs, fresh
+
+    @staticmethod
+    def _value(binder: Binder, checked: Any) -> Value:
+        if isinstance(binder, ScalarBinder):
+            return ("value", scalars.decode(checked, binder.contract.element))
+        return ("value", checked if not checked.size else None)  # a non-empty array is placed in the segment
+
+    def _request(self, worker: process.Worker, values: list[Value], args: tuple[Any, ...],
+                 checked: list[Any]) -> list[Result]:
+        try:
+            if self._token not in worker.defined:
+                self._reply(worker.request(("define", self._token, self._definition)))
+                worker.defined.add(self._token)
+            reply = worker.request(("call", self._token, values, len(self._outputs)), timeout=self._timeout)
+        except process.WorkerDied as died:
+            raise self._crashed(died, self._summary(args, checked)) from None
+        except process.WorkerTimedOut:
+            raise KernelTimeout(
+                f"{self._kernel}({self._summary(args, checked)}) ran longer than timeout={self._timeout:g} s; its worker "
+                "process was killed and starts afresh at the next call. Raise timeout= if the kernel needs longer; "
+                "the arrays it may write were left as they were before the call."
+            ) from None
+        return self._reply(reply)
+
+    @staticmethod
+    def _reply(reply: tuple[str, Any]) -> Any:
+        status, value = reply
+        if status == "error":
+            raise value
+        return value
+
+    def _crashed(self, died: process.WorkerDied, summary: str) -> KernelCrashed:
+        how = f"was killed by {died.signal}" if died.signal else f"exited with status {died.status}"
+        output = f" Its last lines on stderr:\n{died.output}" if died.output.strip() else ""
+        return KernelCrashed(
+            f"{self._kernel}({summary}): the worker process running the call {how}: the kernel crashed "
+            f"(or its compilation did). Your process and arrays are unharmed (arrays the kernel may write "
+            f"keep their values from before the call); the next call starts a new worker.{output}",
+            signal=died.signal, kernel=self._kernel, arguments=summary, output=died.output,
+        )
+
+    def _summary(self, args: tuple[Any, ...], checked: list[Any]) -> str:
+        """The call's arguments as messages show them: ``a=float32[16], n=3``."""
+        shown = []
+        for i, (binder, value) in enumerate(zip(self._binders, checked)):
+            if isinstance(binder, ScalarBinder):
+                shown.append(f"{binder.contract.name}={args[i]!r}")
+            else:
+                shown.append(f"{binder.contract.name}={describe_value(value)}")
+        return ", ".join(shown)
+
+    @staticmethod
+    def _result(result: Result, layout: Layout) -> Any:
+        if result[0] == "value":
+            return result[1]
+        _, offset, shape, strides, dtype = result
+        low, high = reach(shape, strides, dtype.itemsize)
+        found = layout.caller_address(offset + low, high - low)
+        if found is None:
+            raise RuntimeError("a returned memref reaches outside the memory of the call's arguments")
+        address, owner = found
+        data = address - low
+        return np.asarray(ExposedMemory(owner, data, shape, strides, dtype.itemsize)).view(dtype)

@@ -1,0 +1,209 @@
+"""The caller's side of the worker process: start it, talk to it, notice that it died, echo what it printed.
+
+One worker serves every isolated kernel of the process, one call at a time.
+It is a fresh Python (``python -m memkernel.isolate.worker``), started at the
+first isolated call and again after a crash or a timeout, in a session of its
+own (a Ctrl-C in the terminal reaches the caller, which then ends the
+worker). Its descriptors 1 and 2 go to files opened for appending; after
+every request the caller writes what they got since the last request to
+``sys.stdout``/``sys.stderr``, so what a kernel printed reaches the caller
+even when the worker died right after printing (the worker's C stdout is
+unbuffered).
+"""
+
+from __future__ import annotations
+
+import atexit
+import fcntl
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from typing import IO, Any
+
+import memkernel
+
+from . import channel
+from .shared import Segment
+
+TRIM_AT = 1 << 20
+"""Once the output files hold this many bytes already echoed, they are emptied."""
+
+TAIL_LINES = 20
+"""How many of the lines a crashed worker wrote on stderr a KernelCrashed carries."""
+
+
+class WorkerDied(Exception):
+    """The worker process ended during a request: ``signal`` names the signal, else ``status`` is its exit status."""
+
+    def __init__(self, signal_name: str | None, status: int | None, output: str) -> None:
+        super().__init__(signal_name or f"exit status {status}")
+        self.signal = signal_name
+        self.status = status
+        self.output = output
+
+
+class WorkerTimedOut(Exception):
+    """A request took longer than its timeout; the worker was killed."""
+
+
+def _appending_file() -> IO[bytes]:
+    file = tempfile.TemporaryFile()
+    flags = fcntl.fcntl(file.fileno(), fcntl.F_GETFL)
+    fcntl.fcntl(file.fileno(), fcntl.F_SETFL, flags | os.O_APPEND)
+    return file
+
+
+def _environment() -> dict[str, str]:
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(memkernel.__file__)))
+    path = os.environ.get("PYTHONPATH", "")
+    return {**os.environ, "MEMKERNEL_ISOLATE": "0",
+            "PYTHONPATH": package_root + (os.pathsep + path if path else "")}
+
+
+class Worker:
+    """One worker process and the channel to it; what it has been sent so far."""
+
+    def __init__(self) -> None:
+        self.owner = os.getpid()
+        self._outputs = (_appending_file(), _appending_file())
+        self._echoed = [0, 0]
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        with theirs:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "memkernel.isolate.worker", str(theirs.fileno()), str(self.owner)],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=self._outputs[0],
+                stderr=self._outputs[1], start_new_session=True, env=_environment(),
+            )
+        self._socket = ours
+        self.defined: set[str] = set()
+        self.segment: Segment | None = None
+        self.request(("hello",))
+
+    def alive(self) -> bool:
+        """Whether this process started the worker and it still runs."""
+        return self.owner == os.getpid() and self.process.poll() is None
+
+    def segment_for(self, size: int) -> Segment:
+        """A segment of at least ``size`` bytes that the worker has mapped: the current one, or a bigger one."""
+        if self.segment is None or self.segment.size < size:
+            grown = Segment(max(size, 2 * self.segment.size if self.segment else 0))
+            self.request(("segment", grown.size), fds=(grown.fd,))
+            if self.segment is not None:
+                self.segment.close()
+            self.segment = grown
+        return self.segment
+
+    def request(self, message: Any, fds: tuple[int, ...] = (), timeout: float | None = None) -> Any:
+        """Send ``message``, wait for the reply and echo what the worker printed meanwhile.
+
+        Raises WorkerDied when the worker ended, WorkerTimedOut (after killing
+        it) when ``timeout`` seconds passed; any other exception while waiting
+        (a KeyboardInterrupt) kills the worker too, since the channel is then
+        out of step.
+        """
+        try:
+            self._socket.settimeout(timeout)
+            channel.send(self._socket, message, fds)
+            reply, _ = channel.receive(self._socket)
+        except (EOFError, ConnectionError):
+            raise self._died() from None
+        except TimeoutError:
+            self.kill()
+            raise WorkerTimedOut() from None
+        except BaseException:
+            self.kill()
+            raise
+        finally:
+            self._echo()
+        return reply
+
+    def _died(self) -> WorkerDied:
+        try:
+            status = self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            status = self.process.wait()
+        self._socket.close()
+        start = self._echoed[1]
+        self._echo()
+        written = self._read(1, start, self._echoed[1]).decode(errors="replace")
+        tail = "\n".join(written.splitlines()[-TAIL_LINES:])
+        if status < 0:
+            return WorkerDied(signal.Signals(-status).name, None, tail)
+        return WorkerDied(None, status, tail)
+
+    def kill(self) -> None:
+        """End the worker now (it is restarted by the next call)."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self._socket.close()
+
+    def close(self) -> None:
+        """Ask the worker to end (closing the channel ends its loop); kill it if it does not."""
+        if self.owner != os.getpid():
+            return
+        self._socket.close()
+        try:
+            self.process.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        if self.segment is not None:
+            self.segment.close()
+        for file in self._outputs:
+            file.close()
+
+    def _read(self, index: int, start: int, end: int) -> bytes:
+        return os.pread(self._outputs[index].fileno(), end - start, start)
+
+    def _echo(self) -> None:
+        """Write what the worker printed since the last echo to ``sys.stdout``/``sys.stderr``."""
+        for index, stream in enumerate((sys.stdout, sys.stderr)):
+            fd = self._outputs[index].fileno()
+            end = os.fstat(fd).st_size
+            if end > self._echoed[index]:
+                stream.write(self._read(index, self._echoed[index], end).decode(errors="replace"))
+                stream.flush()
+            self._echoed[index] = end
+            if end >= TRIM_AT and self.process.poll() is None:
+                os.ftruncate(fd, 0)
+                self._echoed[index] = 0
+
+
+_lock = threading.Lock()
+_worker: Worker | None = None
+
+
+def worker() -> Worker:
+    """The process's worker, started now if there is none (or the last one died or was killed)."""
+    global _worker
+    if _worker is None or not _worker.alive():
+        if _worker is not None and _worker.owner == os.getpid():
+            _worker.close()
+        _worker = Worker()
+    return _worker
+
+
+def lock() -> threading.Lock:
+    """Held around every isolated call: one worker, one segment, one call at a time."""
+    return _lock
+
+
+def _forget_in_child() -> None:
+    """A forked child starts its own worker; the parent's belongs to the parent."""
+    global _lock, _worker
+    _lock = threading.Lock()
+    _worker = None
+
+
+def _close_at_exit() -> None:
+    if _worker is not None:
+        _worker.close()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+atexit.register(_close_at_exit)

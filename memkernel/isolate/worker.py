@@ -1,0 +1,129 @@
+"""The worker process: rebuilds kernels from their definitions and calls them on shared memory.
+
+Started by :mod:`memkernel.isolate.process` as ``python -m
+memkernel.isolate.worker FD PARENT``. It makes its C stdout unbuffered (what a
+kernel prints must be in the file before a crash), dies with its parent, and
+answers requests on the socket ``FD`` until the caller closes it:
+
+- ``("hello",)``: ready (the imports are done);
+- ``("segment", size)`` with a ``memfd``: map the new shared-memory segment;
+- ``("define", token, Definition)``: build the kernel and compile it (from the disk cache when it holds it);
+- ``("call", token, values, n_outputs)``: call it; the reply holds its results.
+
+Each reply is ``("ok", value)`` or ``("error", exception)``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+import numpy as np
+
+from ..kernel import Kernel
+from . import channel
+from .definition import Definition, Value, encode_results
+
+_IONBF = 2
+_PR_SET_PDEATHSIG = 1
+
+
+def _unbuffered_c_stdout() -> None:
+    libc = ctypes.CDLL(None)
+    stdout = ctypes.c_void_p.in_dll(libc, "stdout")
+    libc.setvbuf(stdout, None, _IONBF, 0)
+
+
+def _die_with(parent: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(0)
+
+
+def _picklable(exc: BaseException) -> BaseException:
+    """``exc`` if it survives pickling, else a RuntimeError with its type and message."""
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+class _Server:
+    """What the worker holds between requests: the kernels it built and the segment it maps."""
+
+    def __init__(self) -> None:
+        self.kernels: dict[str, Kernel] = {}
+        self.segment: mmap.mmap | None = None
+        self.base = 0
+
+    def handle(self, message: tuple[Any, ...], fds: list[int]) -> Any:
+        kind = message[0]
+        if kind == "hello":
+            return None
+        if kind == "segment":
+            self._map(message[1], fds[0])
+            return None
+        if kind == "define":
+            _, token, definition = message
+            kernel = definition.build()
+            kernel.compile()
+            self.kernels[token] = kernel
+            return None
+        _, token, values, n_outputs = message
+        return self._call(self.kernels[token], values, n_outputs)
+
+    def _map(self, size: int, fd: int) -> None:
+        self.segment = mmap.mmap(fd, size)
+        os.close(fd)
+        self.base = np.frombuffer(self.segment, np.uint8).ctypes.data
+
+    def _call(self, kernel: Kernel, values: list[Value], n_outputs: int) -> list[Any]:
+        assert self.segment is not None or not any(v[0] == "array" for v in values)
+        arguments = [_value(v, self.segment) for v in values]
+        split = len(arguments) - n_outputs
+        out = tuple(arguments[split:]) if n_outputs else None
+        returned = kernel.invoker(tuple(arguments[:split]), {}, out)
+        n_returned = n_outputs + len(kernel.spec.signature.results)
+        if n_returned == 0:
+            return []
+        results = (returned,) if n_returned == 1 else returned
+        return encode_results(results[n_outputs:], self.base, len(self.segment) if self.segment else 0)
+
+
+def _value(value: Value, segment: mmap.mmap | None) -> Any:
+    kind, payload = value
+    if kind == "array":
+        assert segment is not None
+        return payload.view(segment)
+    return payload
+
+
+def serve(fd: int, parent: int) -> None:
+    """Answer requests on socket ``fd`` until it closes."""
+    _unbuffered_c_stdout()
+    _die_with(parent)
+    server = _Server()
+    sock = socket.socket(fileno=fd)
+    while True:
+        try:
+            message, fds = channel.receive(sock)
+        except EOFError:
+            return
+        try:
+            reply: tuple[str, Any] = ("ok", server.handle(message, fds))
+        except Exception as exc:
+            reply = ("error", _picklable(exc))
+        channel.send(sock, reply)
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]), int(sys.argv[2]))
