@@ -81,8 +81,11 @@ def _matmul_parameters(module: ir.Module) -> dict[str, str] | None:
     if not matmuls or not types <= set(_FLOATS) or len(types) != 1:
         return None
     lanes = host_vector_bits() // (64 if types == {"f64"} else 32)
+    # The last, narrower panel is cut into single columns when its width is dynamic (the only
+    # static shape it surely has); with static shapes its width is static and it stays whole.
+    static = all(v.type.has_static_shape for op in matmuls for v in op.operands)
     return {"block_rows": str(_MATMUL_BLOCK_ROWS), "register_rows": str(_MATMUL_REGISTER_ROWS),
-            "register_columns": str(2 * lanes)}
+            "register_columns": str(2 * lanes), "leftover_columns": str(2 * lanes if static else 1)}
 
 
 _WINDOW = ("kh", "kw", "c")

@@ -337,7 +337,7 @@ def test_fast_i1_kernel_is_left_to_the_byte_safe_lowering():
 def test_a_failing_strategy_leaves_the_module_unchanged():
     parsed = parse_source(elementwise("arith.addf", "memref<?xf32>", "f32", 1))
     broken = Strategy("matmul.mlir", False, lambda module: {"block_rows": "oops", "register_rows": "1",
-                                                             "register_columns": "1"})
+                                                             "register_columns": "1", "leftover_columns": "1"})
     with parsed.context:
         before = str(parsed.module)
         assert broken.applied(parsed.module) is parsed.module

@@ -32,7 +32,9 @@ module attributes {transform.with_named_sequence} {
           : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
     }
     // A loop whose trip count divides evenly has nothing to peel, which is not a failure here.
-    // The last panel, narrower than a register tile, is done one column at a time.
+    // The last panel, narrower than a register tile, is done {leftover_columns} column(s) at a
+    // time: one when shapes are dynamic; with static shapes its width is static, and a tile
+    // as wide as the panel leaves it whole.
     transform.sequence %columns : !transform.any_op failures(suppress) {
     ^bb0(%loop: !transform.any_op):
       %for = transform.cast %loop : !transform.any_op to !transform.op<"scf.for">
@@ -42,7 +44,7 @@ module attributes {transform.with_named_sequence} {
         %narrow = transform.structured.match ops{["linalg.matmul"]} in %rest_loop : (!transform.any_op) -> !transform.any_op
         transform.foreach %narrow : !transform.any_op {
         ^bb2(%op: !transform.any_op):
-          %column, %column_loop = transform.structured.tile_using_for %op tile_sizes [0, 1, 0]
+          %column, %column_loop = transform.structured.tile_using_for %op tile_sizes [0, {leftover_columns}, 0]
               : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
         }
       }
@@ -50,7 +52,8 @@ module attributes {transform.with_named_sequence} {
     transform.apply_patterns to %func {
       transform.apply_patterns.canonicalization
     } : !transform.any_op
-    // Register tiles; the rows left over at the end of a block are done one row at a time.
+    // Register tiles; the rows left over at the end of a block are done one row at a time
+    // (a block's height is dynamic, the last block's being what is left of M).
     %tiles = transform.structured.match ops{["linalg.matmul"]} in %func : (!transform.any_op) -> !transform.any_op
     transform.foreach %tiles : !transform.any_op {
     ^bb0(%tile: !transform.any_op):
