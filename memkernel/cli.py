@@ -279,6 +279,36 @@ def scalars(plan: Plan, given: dict[str, str]) -> dict[str, Any]:
     return values
 
 
+@dataclass
+class Request:
+    """A ``call`` or ``bench`` command as read: the source, the plan, each array argument's text
+    (a path or a shape) and each scalar's value, by argument name."""
+
+    parsed: ParsedSource
+    plan: Plan
+    arrays: dict[str, str]
+    scalars: dict[str, Any]
+
+
+def read_request(options: argparse.Namespace, option: str, entries: Sequence[str], value: str) -> Request:
+    """Read FILE and FUNC, the array arguments ``entries`` (given with ``option``: ``--arg`` or ``--shape``,
+    ``NAME=value``) and the ``--scalar`` ones, and check them against the function's signature."""
+    parsed = read_source(options.file)
+    function = check_function(parsed, options.file, options.function)
+    names = argument_names(parsed, function)
+    arrays = _pairs(entries, option, value, names)
+    scalar_texts = _pairs(options.scalar, "--scalar", "VALUE", names)
+    both = sorted(set(arrays) & set(scalar_texts))
+    if both:
+        raise CommandLineError(f"{both[0]} is given both as {option} and as --scalar")
+    plan = plan_arguments(parsed, function, names, [*arrays, *scalar_texts], f"{option} NAME={value}")
+    for name in arrays:
+        if isinstance(plan.args[names.index(name)], ScalarSpec):
+            raise CommandLineError(f"{option} {name}: @{function} argument {name!r} is a scalar; pass --scalar "
+                                   f"{name}=VALUE")
+    return Request(parsed, plan, arrays, scalars(plan, scalar_texts))
+
+
 def parse_shape(name: str, text: str, option: str) -> tuple[int, ...]:
     """``4x5`` (or ``4,5``) as ``(4, 5)``; ``""`` is the 0-d shape."""
     parts = [p for p in re.split(r"[x,]", text.strip()) if p.strip()]
@@ -364,35 +394,29 @@ def _refuse_overwriting_inputs(directory: Path, saved: Sequence[str], inputs: di
                                    f"--arg {read[target]}={inputs[read[target]]}; pass another --out DIR")
 
 
-def run_call(options: argparse.Namespace) -> int:
-    parsed = read_source(options.file)
-    function = check_function(parsed, options.file, options.function)
-    names = argument_names(parsed, function)
-    arrays_given = _pairs(options.arg, "--arg", "PATH.npy", names)
-    scalars_given = _pairs(options.scalar, "--scalar", "VALUE", names)
-    both = sorted(set(arrays_given) & set(scalars_given))
-    if both:
-        raise CommandLineError(f"{both[0]} is given both as --arg and as --scalar")
-    plan = plan_arguments(parsed, function, names, [*arrays_given, *scalars_given], "--arg NAME=PATH.npy")
-    values = scalars(plan, scalars_given)
-    for name, path in arrays_given.items():
-        if isinstance(plan.args[plan.names.index(name)], ScalarSpec):
-            raise CommandLineError(f"--arg {name}: @{plan.function} argument {name!r} is a scalar; pass --scalar "
-                                   f"{name}=VALUE")
-        values[name] = load_array(name, path)
-    directory = Path(options.out)
+def _out_directory(text: str) -> Path:
+    directory = Path(text)
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise CommandLineError(f"cannot create --out {directory}: {exc.strerror or exc}") from None
-    kernel = make_kernel(parsed.text, plan.function, plan.given, options.pipeline, options.opt_level, options.lib)
-    written = [name for i, name in enumerate(plan.given)
-               if i in kernel.spec.written and is_memref(plan.args[i])]
+    return directory
+
+
+def run_call(options: argparse.Namespace) -> int:
+    request = read_request(options, "--arg", options.arg, "PATH.npy")
+    plan = request.plan
+    values = dict(request.scalars)
+    values.update((name, load_array(name, path)) for name, path in request.arrays.items())
+    directory = _out_directory(options.out)
+    kernel = make_kernel(request.parsed.text, plan.function, plan.given, options.pipeline, options.opt_level,
+                         options.lib)
+    written = [name for i, name in enumerate(plan.given) if i in kernel.spec.written and is_memref(plan.args[i])]
     saved = written + plan.outputs + [f"result{j}" for j in range(len(kernel.spec.signature.results))]
-    _refuse_overwriting_inputs(directory, saved, arrays_given)
+    _refuse_overwriting_inputs(directory, saved, request.arrays)
     outputs, results = _returned(kernel, kernel(*(values[n] for n in plan.given)))
-    lines = [_save(directory, name, value) for name, value in zip(saved, [values[n] for n in written] + outputs
-                                                                    + results)]
+    returned = [values[n] for n in written] + outputs + results
+    lines = [_save(directory, name, value) for name, value in zip(saved, returned)]
     print("\n".join(lines) if lines else f"@{plan.function} wrote nothing and returned nothing")
     return 0
 
@@ -490,41 +514,41 @@ def _seconds(t: float) -> str:
     return f"{t / 1e-9:.3g} ns"
 
 
+@dataclass
+class Timing:
+    """What ``bench`` measured, in seconds: compilation, and per call on the given and the smallest shapes."""
+
+    compile: float
+    calls: Sequence[float]
+    overhead: Sequence[float]
+
+
+def _random_arguments(plan: Plan, shapes: dict[int, tuple[int, ...]], scalars: dict[str, Any],
+                      rng: np.random.Generator) -> list[Any]:
+    """The given arguments: random arrays of ``shapes`` (by argument index) and the scalars."""
+    arrays = {}
+    for i, shape in shapes.items():
+        try:
+            arrays[plan.names[i]] = random_array(shape, plan.args[i].element.dtype, rng)
+        except MemoryError:
+            raise CommandLineError(f"--shape {plan.names[i]}={'x'.join(map(str, shape))}: not enough memory "
+                                   "for an array of that shape") from None
+    return [arrays[n] if n in arrays else scalars[n] for n in plan.given]
+
+
 def run_bench(options: argparse.Namespace) -> int:
-    parsed = read_source(options.file)
-    function = check_function(parsed, options.file, options.function)
-    names = argument_names(parsed, function)
-    shapes_given = _pairs(options.shape, "--shape", "NxM", names)
-    scalars_given = _pairs(options.scalar, "--scalar", "VALUE", names)
-    both = sorted(set(shapes_given) & set(scalars_given))
-    if both:
-        raise CommandLineError(f"{both[0]} is given both as --shape and as --scalar")
-    plan = plan_arguments(parsed, function, names, [*shapes_given, *scalars_given], "--shape NAME=NxM")
-    values = scalars(plan, scalars_given)
-    shapes = {plan.names.index(n): parse_shape(n, text, "--shape") for n, text in shapes_given.items()}
-    for i in shapes:
-        if isinstance(plan.args[i], ScalarSpec):
-            raise CommandLineError(f"--shape {plan.names[i]}: @{plan.function} argument {plan.names[i]!r} is a "
-                                   f"scalar; pass --scalar {plan.names[i]}=VALUE")
-    kernel = make_kernel(parsed.text, plan.function, plan.given, options.pipeline, options.opt_level, options.lib)
+    request = read_request(options, "--shape", options.shape, "NxM")
+    plan = request.plan
+    shapes = {plan.names.index(n): parse_shape(n, text, "--shape") for n, text in request.arrays.items()}
+    kernel = make_kernel(request.parsed.text, plan.function, plan.given, options.pipeline, options.opt_level,
+                         options.lib)
     started = time.perf_counter()
     kernel.compile()
     compile_time = time.perf_counter() - started
     rng = np.random.default_rng(0)
-
-    def arguments(shapes: dict[int, tuple[int, ...]]) -> list[Any]:
-        arrays = {}
-        for i, shape in shapes.items():
-            try:
-                arrays[plan.names[i]] = random_array(shape, plan.args[i].element.dtype, rng)
-            except MemoryError:
-                raise CommandLineError(f"--shape {plan.names[i]}={'x'.join(map(str, shape))}: not enough memory "
-                                       "for an array of that shape") from None
-        return [arrays[n] if n in arrays else values[n] for n in plan.given]
-
-    full = arguments(shapes)
+    full = _random_arguments(plan, shapes, request.scalars, rng)
     outputs, results = _returned(kernel, kernel(*full))  # checks the shapes first
-    small = arguments(smallest_shapes(kernel, shapes))
+    small = _random_arguments(plan, smallest_shapes(kernel, shapes), request.scalars, rng)
     kernel(*small)
     progress = Progress(sys.stderr)
     try:
@@ -532,33 +556,34 @@ def run_bench(options: argparse.Namespace) -> int:
         overhead = _time_calls(lambda: kernel(*small), 0.2, None, progress, "timing the overhead")
     finally:
         progress.close()
-    arrays = [a for a in [*full, *outputs, *results] if isinstance(a, np.ndarray)]
-    all_shapes = [a.shape if isinstance(a, np.ndarray) else None for a in [*full, *outputs]]
-    print("\n".join(bench_report(kernel, plan, full, small, all_shapes, arrays, calls, overhead, compile_time)))
+    timing = Timing(compile_time, calls, overhead)
+    print("\n".join(bench_report(kernel, plan, full, small, [*outputs, *results], timing)))
     return 0
 
 
-def bench_report(kernel: Kernel, plan: Plan, full: Sequence[Any], small: Sequence[Any],
-                 shapes: Sequence[tuple[int, ...] | None], arrays: Sequence[np.ndarray], calls: Sequence[float],
-                 overhead: Sequence[float], compile_time: float) -> list[str]:
-    """The lines ``memkernel bench`` prints."""
+def bench_report(kernel: Kernel, plan: Plan, full: Sequence[Any], small: Sequence[Any], returned: Sequence[Any],
+                 timing: Timing) -> list[str]:
+    """The lines ``memkernel bench`` prints: ``full`` and ``small`` are the arguments of the timed calls,
+    ``returned`` the outputs and results of a call on ``full``."""
 
     def described(args: Sequence[Any]) -> str:
         return ", ".join(f"{n} {a.dtype}{list(a.shape)}" if isinstance(a, np.ndarray) else f"{n}={a!r}"
                          for n, a in zip(plan.given, args))
 
-    best, median, wrapper = min(calls), float(np.median(calls)), min(overhead)
+    calls = timing.calls
+    best, median, wrapper = min(calls), float(np.median(calls)), min(timing.overhead)
     kernel_time = max(best - wrapper, 0.0)
-    size = sum(a.nbytes for a in arrays)
+    size = sum(a.nbytes for a in [*full, *returned] if isinstance(a, np.ndarray))
     lines = [
         f"@{plan.function}({described(full)})" + (f" -> {', '.join(plan.outputs)} allocated" if plan.outputs else ""),
-        f"  compile:          {_seconds(compile_time)} (or loaded from the disk cache)",
+        f"  compile:          {_seconds(timing.compile)} (or loaded from the disk cache)",
         f"  call:             {_seconds(best)} best, {_seconds(median)} median of {len(calls)} batches",
         f"  wrapper overhead: {_seconds(wrapper)} (a call on the smallest shapes: {described(small)})",
         f"  kernel:           {_seconds(kernel_time)} (call - overhead)",
     ]
     if kernel_time > 0:
         lines.append(f"  bandwidth:        {size / kernel_time / 1e9:.3g} GB/s ({size:,} bytes of arrays / kernel)")
+        shapes = [a.shape if isinstance(a, np.ndarray) else None for a in [*full, *returned[:len(plan.outputs)]]]
         flops = linalg_flops(kernel, shapes)
         if flops is not None and flops[0] > 0:
             lines.append(f"  compute:          {flops[0] / kernel_time / 1e9:.3g} GFLOP/s ({flops[0]:,} flops: "
