@@ -124,6 +124,11 @@ class Kernel:
         return self.spec.name
 
     @property
+    def function(self) -> Callable[..., Any]:
+        """The decorated Python function: its parameters name the inputs, its body may shape the outputs."""
+        return self._function
+
+    @property
     def mlir_signature(self) -> Signature:
         """The MLIR function's signature, as memkernel reads it."""
         return self.spec.signature
