@@ -24,6 +24,7 @@ when its module can be imported there, else by value (see
 
 from __future__ import annotations
 
+import math
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ import dask.array as da
 import numpy as np
 from mlir import ir, passmanager
 
-from .errors import ArgumentError, ChunkingError
+from .errors import ArgumentError, ChunkingError, ShapeError
 from .pickling import reduce_by_value, resolves_by_name
 from .spec.shapes import _SHAPE_PRESERVING, _argument_of
 from .spec.signature import MemRefSpec, ScalarSpec
@@ -108,7 +109,7 @@ def _accumulates_by_add(op: ir.Operation, n_outputs: int) -> bool:
 
 def _read_op(op: ir.Operation, entry: ir.Block, where: str) -> _Op:
     maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
-    operands = []
+    operands: list[tuple[int, tuple[int, ...]] | None] = []
     for value, amap in zip(list(op.operands), maps):
         if not isinstance(value.type, ir.ShapedType):
             operands.append(None)
@@ -234,6 +235,11 @@ def _run_block(carried: Any, sources: tuple[tuple[tuple[int, int], ...], ...], d
 
 def _as_dask(kernel: Kernel, name: str, spec: MemRefSpec, value: Any) -> da.Array:
     array = value if isinstance(value, da.Array) else da.asarray(value)
+    if any(math.isnan(size) for size in array.shape):
+        raise ShapeError(
+            f"apply(@{kernel.spec.name}): argument '{name}' has unknown chunk sizes (shape {array.shape}); "
+            f"call {name}.compute_chunk_sizes() first."
+        )
     dtype = spec.element.dtype
     if array.dtype != dtype or array.ndim != spec.rank:
         raise ArgumentError(
@@ -287,8 +293,11 @@ def apply(kernel: Kernel, *args: Any, all_parallel: bool = False) -> Any:
     """
     spec = kernel.spec
     if spec.signature.results and not all_parallel:
-        raise ChunkingError(f"apply(@{spec.name}): the kernel returns MLIR results "
-                            f"({', '.join(r.mlir for r in spec.signature.results)}), which blocks cannot combine.")
+        raise ChunkingError(
+            f"apply(@{spec.name}): the kernel returns MLIR results ({', '.join(r.mlir for r in spec.signature.results)}), "
+            "which memkernel cannot combine across blocks. Pass all_parallel=True if every dim is parallel and "
+            "every result is an array shaped like the inputs, or write the kernel with output memrefs."
+        )
     if all_parallel:
         return _map_blocks(kernel, _bind(kernel, args))
     if spec.n_outputs == 0:
@@ -324,7 +333,12 @@ def _check_shapes(kernel: Kernel, chunking: Chunking, bound: Sequence[Any]) -> N
             raise ChunkingError(f"apply(@{spec.name}): an output has a dim no input gives the size of; "
                                 "pass that size through an input, or call the kernel on numpy arrays.")
         shapes.append(tuple(sizes[c] for c in index))
-    spec.shapes.check(f"apply(@{spec.name})", spec.argument_names, shapes)
+    spec.shapes.check(spec.name, spec.argument_names, shapes)
+
+
+def _located(inputs: Sequence[str | None], letter: str) -> tuple[int, int]:
+    """The first input that carries ``letter``, and its dim there: where a block's size along it is read."""
+    return next((p, index.index(letter)) for p, index in enumerate(inputs) if index and letter in index)
 
 
 def _output(kernel: Kernel, chunking: Chunking, bound: Sequence[Any], which: int) -> da.Array:
@@ -343,8 +357,7 @@ def _output(kernel: Kernel, chunking: Chunking, bound: Sequence[Any], which: int
             continue
         rechunk = {k: -1 for k, c in enumerate(i) if c in whole}
         pairs += [value.rechunk(rechunk) if rechunk else value, i]
-    located = {c: (p, k) for p, i in reversed(list(enumerate(chunking.indices[:n_inputs]))) if i for k, c in enumerate(i)}
-    sources = tuple(tuple(located[c] for c in i or "") for i in chunking.indices[n_inputs:])
+    sources = tuple(tuple(_located(chunking.indices[:n_inputs], c) for c in i or "") for i in chunking.indices[n_inputs:])
     dtypes = tuple(o.element.dtype for o in spec.outputs if isinstance(o, MemRefSpec))
     dtype = dtypes[which]
     out_index = index + "".join(summed)

@@ -76,7 +76,8 @@ def reduce_by_value(kernel: Kernel) -> Reduced:
 def reduce(kernel: Kernel) -> str | Reduced:
     """``kernel.__reduce__()``: its qualified name when that finds it (pickled by reference), else by value."""
     if resolves_by_name(kernel):
-        return kernel.__qualname__
+        qualname: str = getattr(kernel, "__qualname__")
+        return qualname
     return reduce_by_value(kernel)
 
 

@@ -96,6 +96,14 @@ def test_kernel_pickled_by_value_rebuilds_from_options_and_computes(make):
     np.testing.assert_array_equal(copy(X, 1.5), X * 1.5)
 
 
+def test_process_unpickling_a_kernel_again_reuses_the_one_it_rebuilt():
+    kernel = make_nested_scale()
+    data = cloudpickle.dumps(kernel)
+    first = pickle.loads(data)
+    assert pickle.loads(data) is first
+    assert pickle.loads(cloudpickle.dumps(make_nested_scale())) is not first
+
+
 def test_pickle_never_carries_compiled_code():
     kernel = make_nested_scale()
     before = cloudpickle.dumps(kernel)
