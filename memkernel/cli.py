@@ -577,7 +577,8 @@ def bench_report(kernel: Kernel, plan: Plan, full: Sequence[Any], small: Sequenc
     lines = [
         f"@{plan.function}({described(full)})" + (f" -> {', '.join(plan.outputs)} allocated" if plan.outputs else ""),
         f"  compile:          {_seconds(timing.compile)} (or loaded from the disk cache)",
-        f"  call:             {_seconds(best)} best, {_seconds(median)} median of {len(calls)} batches",
+        f"  call:             {_seconds(best)} best, {_seconds(median)} median of {len(calls)} batches "
+        f"({kernel.invoker.last_path} path)",
         f"  wrapper overhead: {_seconds(wrapper)} (a call on the smallest shapes: {described(small)})",
         f"  kernel:           {_seconds(kernel_time)} (call - overhead)",
     ]

@@ -6,20 +6,20 @@ whether the kernel is compiled and how long that took, and the source in a
 collapsed ``<details>``. Every piece of text is escaped: MLIR types and
 sources are full of ``<`` and ``>``.
 
-:func:`dim_labels` and :func:`role` are also what ``memkernel info`` prints.
+:func:`dim_labels`, :func:`shape_text` and :func:`tied_to` are also what ``memkernel info`` prints.
 """
 
 from __future__ import annotations
 
 from html import escape
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .spec.analysis import KernelSpec
 from .spec.shapes import Dim
 from .spec.signature import ArgSpec, MemRefSpec, ScalarSpec
 
 if TYPE_CHECKING:
-    from .kernel import Kernel
+    from .kernel import Kernel, KernelOptions
 
 _HEADERS = ("argument", "MLIR type", "dtype", "shape", "tied to", "role")
 
@@ -33,7 +33,7 @@ def role(spec: KernelSpec, index: int) -> str:
         return "output (allocated, or out=)"
     if index in spec.written:
         return "written in place"
-    return "input (tensor)" if getattr(arg, "tensor", False) else "input"
+    return "input (tensor)" if arg.tensor else "input"
 
 
 class _Components:
@@ -171,13 +171,13 @@ def compile_state(kernel: Kernel) -> str:
     """``compiled in 12.3 ms (fast path)`` or ``not compiled yet ...``."""
     if not kernel.compiled:
         return "not compiled yet (at the first call, or kernel.compile())"
-    seconds = getattr(kernel, "_compile_seconds", None)
+    seconds = kernel._compile_seconds
     took = f" in {seconds * 1e3:.1f} ms" if seconds is not None else ""
     path = "fast path" if kernel.invoker.fast is not None else "checked path only"
     return f"compiled{took} ({path})"
 
 
-def pipeline_text(options: Any) -> str:
+def pipeline_text(options: KernelOptions) -> str:
     """The pipeline and its options as given to ``mlir_kernel``: ``default, opt_level=3``."""
     parts = [options.pipeline or "default", f"opt_level={options.opt_level}"]
     if options.parallel:
