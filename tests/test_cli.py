@@ -85,8 +85,8 @@ def work(tmp_path_factory) -> Path:
     return root
 
 
-def memkernel(work: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, MEMKERNEL_CACHE_DIR=str(work / "cache"))
+def memkernel(work: Path, *args: str, **environ: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, MEMKERNEL_CACHE_DIR=str(work / "cache"), **environ)
     return subprocess.run([sys.executable, "-m", "memkernel", *args], cwd=work, env=env, capture_output=True,
                           text=True, timeout=120)
 
@@ -315,6 +315,14 @@ def test_bench_splits_the_time_and_counts_the_flops_of_matmul(work):
     compute = _bench_line(out, "compute")
     assert compute.endswith(f"({2 * 64 * 48 * 32:,} flops: linalg.matmul 2·64·48·32)")
     assert float(compute.split()[0]) == pytest.approx(2 * 64 * 48 * 32 / kernel / 1e9, rel=0.01)
+
+
+@pytest.mark.parametrize("fast, path", [("1", "fast"), ("0", "checked")])
+def test_bench_says_which_call_path_it_timed(work, fast, path):
+    done = memkernel(work, "bench", "kernels.mlir", "matmul", "--shape", "a=2x2", "--shape", "b=2x2", "--repeat", "1",
+                     MEMKERNEL_FAST_PATH=fast)
+    assert done.returncode == 0, done.stderr
+    assert _bench_line(done.stdout, "call").endswith(f"median of 1 batches ({path} path)")
 
 
 def test_bench_with_a_scalar_counts_the_body_s_arithmetic(work):
