@@ -47,7 +47,7 @@ class IsolatedRun:
             spec.name,
             [(c.name, c.spec) for c in spec.contracts[spec.n_inputs:]],  # type: ignore[misc]
             [(i, a) for i, a in enumerate(spec.signature.args[:spec.n_inputs]) if isinstance(a, MemRefSpec)],
-            kernel._function,
+            kernel.function,
             spec.output_sources(),
         )
         self._written = tuple(isinstance(c, BufferContract) and c.needs_writeable for c in spec.contracts)

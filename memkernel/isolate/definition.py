@@ -10,6 +10,7 @@ function itself is never sent, since every output crosses as ``out=``.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -19,7 +20,7 @@ import numpy as np
 from .shared import Placed
 
 if TYPE_CHECKING:
-    from ..kernel import Kernel
+    from ..kernel import Kernel, KernelOptions
 
 Value = tuple[str, Any]
 """One argument of a call: ``("array", Placed)`` in the segment, or ``("value", v)`` sent as it is."""
@@ -30,36 +31,27 @@ Result = tuple[Any, ...]
 
 @dataclass(frozen=True)
 class Definition:
-    """How the worker builds a kernel."""
+    """How the worker builds a kernel: the kernel's options (every one of them, so none is forgotten), made
+    to run in process with output capture off, and its Python signature."""
 
-    source: str
-    name: str
-    pipeline: str | None
-    opt_level: int
-    shared_libs: tuple[str, ...]
-    cache: bool
-    parallel: bool
+    options: KernelOptions
     signature: inspect.Signature
 
     @classmethod
     def of(cls, kernel: Kernel) -> Definition:
-        options = kernel.options
-        return cls(options.source, kernel.spec.name, options.pipeline, options.opt_level,
-                   tuple(str(lib) for lib in options.shared_libs), options.cache, options.parallel,
-                   inspect.signature(kernel._function))
+        options = dataclasses.replace(kernel.options, name=kernel.spec.name, callbacks={}, capture_output=False,
+                                      isolate=False, timeout=None)
+        return cls(options, inspect.signature(kernel.function))
 
     def build(self) -> Kernel:
-        """The kernel, in process (never isolated again), its output capture off: the caller echoes the worker's output."""
-        from ..kernel import Kernel
+        """The kernel, in process (the caller echoes what the worker prints, so no capture there)."""
 
         def stand_in(*args: Any, **kwargs: Any) -> None:
             return None
 
         stand_in.__signature__ = self.signature  # type: ignore[attr-defined]
-        stand_in.__name__ = stand_in.__qualname__ = self.name
-        return Kernel(stand_in, self.source, name=self.name, pipeline=self.pipeline, opt_level=self.opt_level,
-                      shared_libs=self.shared_libs, cache=self.cache, capture_output=False,
-                      parallel=self.parallel, isolate=False)
+        stand_in.__name__ = stand_in.__qualname__ = self.options.name or "kernel"
+        return self.options.decorator()(stand_in)
 
 
 def encode_results(results: tuple[Any, ...], base: int, size: int) -> list[Result]:

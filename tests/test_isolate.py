@@ -1,0 +1,317 @@
+"""isolate=True: calls run in a worker process; a crash or a hang is an exception, never the caller's death."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+
+import numpy as np
+import pytest
+
+import memkernel.isolate
+from memkernel import (ArgumentError, CompileError, KernelCrashed, KernelTimeout, MemkernelError, ShapeError, SignatureError,
+                       mlir_kernel)
+
+from .kernels import elementwise
+
+POKE = """
+func.func @poke(%address: i64, %value: f32) {
+  %p = llvm.inttoptr %address : i64 to !llvm.ptr
+  llvm.store %value, %p : f32, !llvm.ptr
+  return
+}"""
+
+SHOW_THEN_POKE = """
+func.func private @printMemrefF32(memref<*xf32>) attributes {llvm.emit_c_interface}
+func.func @show_then_poke(%x: memref<?xf32>, %address: i64) {
+  %u = memref.cast %x : memref<?xf32> to memref<*xf32>
+  call @printMemrefF32(%u) : (memref<*xf32>) -> ()
+  %v = arith.constant 1.0 : f32
+  %p = llvm.inttoptr %address : i64 to !llvm.ptr
+  llvm.store %v, %p : f32, !llvm.ptr
+  return
+}"""
+
+SPIN = """
+func.func @spin(%n: i64) -> i64 {
+  %r = scf.while (%i = %n) : (i64) -> i64 {
+    %go = arith.cmpi sge, %i, %n : i64
+    scf.condition(%go) %i : i64
+  } do {
+  ^bb0(%i: i64):
+    scf.yield %i : i64
+  }
+  return %r : i64
+}"""
+
+ADD = elementwise("arith.addf", "memref<?xf32>", "f32", 1, name="add")
+
+SCALE_STRIDED = """
+func.func @scale(%x: memref<?xf32, strided<[?], offset: ?>>, %k: f32) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %n = memref.dim %x, %c0 : memref<?xf32, strided<[?], offset: ?>>
+  scf.for %i = %c0 to %n step %c1 {
+    %v = memref.load %x[%i] : memref<?xf32, strided<[?], offset: ?>>
+    %w = arith.mulf %v, %k : f32
+    memref.store %w, %x[%i] : memref<?xf32, strided<[?], offset: ?>>
+  }
+  return
+}"""
+
+DOUBLE_2D = elementwise("arith.addf", "memref<?x?xf64>", "f64", 2, n_inputs=1, name="double").replace(
+    "arith.addf %x0 :", "arith.addf %x0, %x0 :")
+
+FIRST_AND_SUM = """
+func.func @first_and_sum(%a: memref<?xf32>) -> (memref<?xf32>, f32, memref<3xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %n = memref.dim %a, %c0 : memref<?xf32>
+  %zero = arith.constant 0.0 : f32
+  %s = scf.for %i = %c0 to %n step %c1 iter_args(%acc = %zero) -> f32 {
+    %v = memref.load %a[%i] : memref<?xf32>
+    %t = arith.addf %acc, %v : f32
+    scf.yield %t : f32
+  }
+  %fresh = memref.alloc() : memref<3xf32>
+  linalg.fill ins(%s : f32) outs(%fresh : memref<3xf32>)
+  return %a, %s, %fresh : memref<?xf32>, f32, memref<3xf32>
+}"""
+
+STATIC_ADD = elementwise("arith.addf", "memref<4xf32>", "f32", 1, name="add4")
+
+
+def poke_kernel(**options):
+    return mlir_kernel(POKE, **options)(lambda address, value: None)
+
+
+def add_kernel(**options):
+    return mlir_kernel(ADD, **options)(lambda in0, in1: None)
+
+
+@pytest.fixture
+def floats():
+    return np.arange(16, dtype=np.float32), np.linspace(-1, 1, 16, dtype=np.float32)
+
+
+# -- crashes ---------------------------------------------------------------------------
+
+
+def test_null_pointer_store_raises_kernel_crashed_and_the_next_call_works(floats):
+    poke = poke_kernel(isolate=True)
+    with pytest.raises(KernelCrashed) as caught:
+        poke(0, 1.5)
+    error = caught.value
+    assert isinstance(error, MemkernelError) and isinstance(error, RuntimeError)
+    assert error.signal == "SIGSEGV" and error.kernel == "poke"
+    assert error.arguments == "address=0, value=1.5"
+    assert str(error).startswith("poke(address=0, value=1.5): the worker process running the call was killed by "
+                                 "SIGSEGV")
+    a, b = floats
+    np.testing.assert_array_equal(add_kernel(isolate=True)(a, b), a + b)
+    with pytest.raises(KernelCrashed, match="SIGSEGV"):  # and again: every crash restarts the worker
+        poke(8, 0.0)
+
+
+def test_kernel_crashed_survives_pickling_with_its_fields():
+    error = KernelCrashed("k(): crashed", signal="SIGBUS", kernel="k", arguments="a=float32[2]", output="last line")
+    again = pickle.loads(pickle.dumps(error))
+    assert (str(again), again.signal, again.kernel, again.arguments, again.output) == (
+        "k(): crashed", "SIGBUS", "k", "a=float32[2]", "last line")
+
+
+def test_what_a_kernel_printed_before_crashing_reaches_stdout(capsys):
+    show = mlir_kernel(SHOW_THEN_POKE, shared_libs=["mlir_runner_utils"], isolate=True)(lambda x, address: None)
+    print("before")
+    with pytest.raises(KernelCrashed, match="SIGSEGV"):
+        show(np.array([1.0, 2.0, 3.0], np.float32), 0)
+    out = capsys.readouterr().out
+    assert out.startswith("before\n")
+    assert "[1,  2,  3]" in out
+
+
+def test_what_an_isolated_kernel_prints_comes_in_order_with_python_prints(capsys):
+    source = SHOW_THEN_POKE.replace("llvm.store %v, %p : f32, !llvm.ptr\n", "")
+    show = mlir_kernel(source, shared_libs=["mlir_runner_utils"], isolate=True)(lambda x, address: None)
+    print("before")
+    show(np.array([4.0, 5.0], np.float32), 0)
+    print("after")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "before" and lines[-1] == "after"
+    assert "[4,  5]" in lines[-2]
+
+
+# -- hangs ------------------------------------------------------------------------------
+
+
+def test_timeout_ends_a_hanging_call_and_the_next_call_works(floats):
+    spin = mlir_kernel(SPIN, isolate=True, timeout=0.5)(lambda n: None)
+    started = time.perf_counter()
+    with pytest.raises(KernelTimeout) as caught:
+        spin(3)
+    assert time.perf_counter() - started < 5
+    assert isinstance(caught.value, TimeoutError) and isinstance(caught.value, MemkernelError)
+    assert str(caught.value).startswith("spin(n=3) ran longer than timeout=0.5 s")
+    a, b = floats
+    np.testing.assert_array_equal(add_kernel(isolate=True, timeout=5)(a, b), a + b)
+
+
+# -- what the kernel writes -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("isolate", [True, False])
+def test_non_contiguous_out_gets_the_elements_and_nothing_between(floats, isolate):
+    a, b = floats
+    out = np.full(32, -7.0, np.float32)
+    returned = add_kernel(isolate=isolate)(a, b, out=out[::2])
+    expected = np.full(32, -7.0, np.float32)
+    expected[::2] = a + b
+    np.testing.assert_array_equal(out, expected)
+    assert returned.base is out
+
+
+@pytest.mark.parametrize("isolate", [True, False])
+def test_a_written_strided_input_changes_in_the_callers_view(isolate):
+    scale = mlir_kernel(SCALE_STRIDED, isolate=isolate)(lambda x, k: None)
+    data = np.arange(30, dtype=np.float32)
+    expected = data.copy()
+    expected[1::3] *= 2.5
+    scale(data[1::3], 2.5)
+    np.testing.assert_array_equal(data, expected)
+
+
+@pytest.mark.parametrize("isolate", [True, False])
+def test_in_place_kernel_on_a_transposed_view_writes_back(isolate):
+    double = mlir_kernel(DOUBLE_2D, isolate=isolate)(lambda in0, out: None)
+    base = np.arange(24, dtype=np.float64).reshape(4, 6)
+    expected = base.copy()
+    expected[:, 1:5] *= 2
+    view = base[:, 1:5].T
+    double(view.copy(), view)
+    np.testing.assert_array_equal(base, expected)
+
+
+@pytest.mark.parametrize("isolate", [True, False])
+def test_the_same_array_as_input_and_output_is_one_buffer(floats, isolate):
+    a = floats[0].copy()
+    add_kernel(isolate=isolate)(a, a, out=a)
+    np.testing.assert_array_equal(a, 2 * floats[0])
+
+
+def test_isolated_results_equal_in_process_results_and_alias_the_same_arrays():
+    calls = {isolate: mlir_kernel(FIRST_AND_SUM, isolate=isolate)(lambda a: None) for isolate in (True, False)}
+    for isolate, kernel in calls.items():
+        a = np.arange(5, dtype=np.float32)
+        first, total, fresh = kernel(a)
+        assert np.shares_memory(first, a), isolate
+        first[0] = 42.0
+        assert a[0] == 42.0
+        assert type(total) is np.float32 and total == 10.0
+        np.testing.assert_array_equal(fresh, np.full(3, 10.0, np.float32))
+        assert not np.shares_memory(fresh, a)
+
+
+@pytest.mark.parametrize("n", [0, 1, 1000])
+def test_allocated_outputs_match_numpy(n):
+    a = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+    out = add_kernel(isolate=True)(a, a[::-1])
+    np.testing.assert_array_equal(out, a + a[::-1])
+
+
+# -- errors are the caller's ------------------------------------------------------------
+
+
+def message_of(call):
+    with pytest.raises(MemkernelError) as caught:
+        call()
+    return type(caught.value), str(caught.value)
+
+
+@pytest.mark.parametrize("make, arguments, error", [
+    (add_kernel, lambda: (np.ones(4), np.ones(4, np.float32)), ArgumentError),
+    (add_kernel, lambda: (np.ones(4, np.float32),), ArgumentError),
+    (lambda **o: mlir_kernel(STATIC_ADD, **o)(lambda in0, in1: None),
+     lambda: (np.ones(5, np.float32), np.ones(5, np.float32)), ShapeError),
+    (add_kernel, lambda: (np.ones(3, np.float32), np.ones(4, np.float32)), ShapeError),
+])
+def test_errors_are_raised_as_without_isolation(make, arguments, error):
+    isolated = message_of(lambda: make(isolate=True)(*arguments()))
+    in_process = message_of(lambda: make(isolate=False)(*arguments()))
+    assert isolated == in_process and isolated[0] is error
+
+
+def test_a_compile_error_in_the_worker_is_raised_in_the_caller():
+    source = """
+memref.global @missing_table : memref<4xf32>
+func.func @k(%o: memref<4xf32>) {
+  %g = memref.get_global @missing_table : memref<4xf32>
+  memref.copy %g, %o : memref<4xf32> to memref<4xf32>
+  return
+}"""
+    kernels = [mlir_kernel(source, isolate=isolate, cache=False)(lambda: None) for isolate in (True, False)]
+    isolated, in_process = (message_of(kernel) for kernel in kernels)
+    assert isolated[0] is in_process[0] is CompileError
+    assert "Symbols not found: [ missing_table ]" in isolated[1]
+
+
+@pytest.mark.parametrize("isolate", [True, False])
+def test_an_input_that_partly_overlaps_the_output_computes_as_numpy_does(isolate):
+    """Overlapping arrays overlap the same way in the worker's memory, so the call plan sees what the caller has."""
+    a = np.arange(20, dtype=np.float32)
+    expected = a.copy()
+    np.add(expected[:16], expected[:16], out=expected[2:18])
+    add_kernel(isolate=isolate)(a[:16], a[:16], out=a[2:18])
+    np.testing.assert_array_equal(a, expected)
+
+
+# -- switching it on ----------------------------------------------------------------------
+
+
+def test_memkernel_isolate_1_isolates_a_kernel_that_did_not_ask(monkeypatch):
+    monkeypatch.setenv("MEMKERNEL_ISOLATE", "1")
+    assert memkernel.isolate.enabled()
+    with pytest.raises(KernelCrashed, match="SIGSEGV"):
+        poke_kernel()(0, 1.0)
+
+
+def test_isolate_false_stays_in_process_under_memkernel_isolate_1(monkeypatch, floats):
+    monkeypatch.setenv("MEMKERNEL_ISOLATE", "1")
+    add = add_kernel(isolate=False)
+    a, b = floats
+    np.testing.assert_array_equal(add(a, b), a + b)
+    assert add.invoker.plan is not None and add.invoker.last_path in ("fast", "checked")
+
+
+@pytest.mark.parametrize("value, on", [("", False), ("0", False), ("1", True), ("true", True), ("on", True)])
+def test_enabled_reads_memkernel_isolate(monkeypatch, value, on):
+    monkeypatch.setenv("MEMKERNEL_ISOLATE", value)
+    assert memkernel.isolate.enabled() is on
+
+
+def test_isolate_true_with_callbacks_is_refused_at_decoration():
+    source = """
+func.func private @note(i64)
+func.func @k(%n: i64) {
+  call @note(%n) : (i64) -> ()
+  return
+}"""
+    with pytest.raises(SignatureError, match=r"k\(\): isolate=True cannot run a kernel with callbacks="):
+        mlir_kernel(source, callbacks={"note": print}, isolate=True)(lambda n: None)
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"isolate": False, "timeout": 1.0}, "timeout= needs an isolated call"),
+    ({"isolate": True, "timeout": 0}, "timeout must be a positive number of seconds"),
+    ({"isolate": True, "timeout": "1"}, "timeout must be a positive number of seconds"),
+])
+def test_bad_timeouts_are_refused_at_decoration(options, match):
+    with pytest.raises(ValueError, match=match):
+        add_kernel(**options)
+
+
+def test_the_worker_is_another_process():
+    add = add_kernel(isolate=True)
+    add(np.ones(2, np.float32), np.ones(2, np.float32))
+    worker = memkernel.isolate.process.worker()
+    assert worker.process.pid != os.getpid() and worker.alive()
