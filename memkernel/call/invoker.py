@@ -20,6 +20,7 @@ import numpy as np
 from .. import stdio
 from ..errors import ArgumentError
 from ..fastpath.builtin import FastFunction
+from ..fastpath.constants import DONE
 from ..spec.analysis import KernelSpec
 from .allocation import OutputAllocator
 from .plan import CallPlan
@@ -89,6 +90,46 @@ class Invoker:
         self._out_is_a_parameter = spec.n_outputs == 0 and any(p.name == "out" for p in spec.parameters)
         self._assemble = _assemble(spec.n_outputs, bool(spec.signature.results))
         self._run = wrap(self._fast_then_checked if fast is not None else self._checked)
+        self.call: Callable[[tuple[Any, ...], dict[str, Any], Any], Any] = self._direct() or self.__call__
+        """What ``kernel(*args, out=out, **kwargs)`` runs: :meth:`__call__`, or the same specialised for
+        the common call of a kernel whose fast path returns nothing but its outputs."""
+
+    def _direct(self) -> Callable[[tuple[Any, ...], dict[str, Any], Any], Any] | None:
+        """The common call in as few Python steps as it can take: positional inputs, ``out=`` one array
+        or nothing, the fast path; anything else goes to :meth:`__call__`."""
+        fast = self.fast
+        if fast is None or self.spec.signature.results or self._n_outputs > 1 or self._out_is_a_parameter \
+                or self._run != self._fast_then_checked:
+            return None
+        raw, general, arity = fast.raw, self.__call__, self._arity
+        if self._n_outputs == 0:
+            def call_in_place(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
+                if kwargs or out is not None or len(args) != arity or raw(args, ()) is not DONE:
+                    return general(args, kwargs, out)
+                self.last_path = "fast"
+                return None
+
+            return call_in_place
+        allocate = self._allocator.allocate_all
+
+        def call_with_output(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
+            if kwargs or len(args) != arity:
+                return general(args, kwargs, out)
+            if out is None:
+                try:
+                    outputs = allocate(args)
+                except Exception:  # the checked path checks the inputs first, then explains
+                    return general(args, kwargs, out)
+            elif type(out) is np.ndarray:
+                outputs = (out,)
+            else:
+                return general(args, kwargs, out)
+            if raw(args, outputs) is not DONE:
+                return general(args, kwargs, out)
+            self.last_path = "fast"
+            return outputs[0]
+
+        return call_with_output
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
         """Call the kernel with ``kernel(*args, out=out, **kwargs)``."""
