@@ -70,7 +70,7 @@ def reduce_by_value(kernel: Kernel) -> Reduced:
     """
     with _lock:
         token = _tokens.setdefault(kernel, uuid.uuid4().hex)
-    return rebuild, (kernel.options, kernel._function, token)
+    return rebuild, (kernel.options, kernel.function, token)
 
 
 def reduce(kernel: Kernel) -> str | Reduced:
