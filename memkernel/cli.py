@@ -507,6 +507,11 @@ def _time_calls(call: Callable[[], Any], budget: float, repeat: int | None, prog
     return times
 
 
+def _rate(amount: int, seconds: float, unit: str) -> str:
+    """``amount / seconds`` in giga-``unit``; ``-`` when the kernel time is too small to measure."""
+    return f"{amount / seconds / 1e9:.3g} {unit}" if seconds > 0 else f"- {unit} (kernel time too small to measure)"
+
+
 def _seconds(t: float) -> str:
     for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
         if t >= scale:
@@ -582,13 +587,12 @@ def bench_report(kernel: Kernel, plan: Plan, full: Sequence[Any], small: Sequenc
         f"  wrapper overhead: {_seconds(wrapper)} (a call on the smallest shapes: {described(small)})",
         f"  kernel:           {_seconds(kernel_time)} (call - overhead)",
     ]
-    if kernel_time > 0:
-        lines.append(f"  bandwidth:        {size / kernel_time / 1e9:.3g} GB/s ({size:,} bytes of arrays / kernel)")
-        shapes = [a.shape if isinstance(a, np.ndarray) else None for a in [*full, *returned[:len(plan.outputs)]]]
-        flops = linalg_flops(kernel, shapes)
-        if flops is not None and flops[0] > 0:
-            lines.append(f"  compute:          {flops[0] / kernel_time / 1e9:.3g} GFLOP/s ({flops[0]:,} flops: "
-                         f"{', '.join(flops[1])})")
+    lines.append(f"  bandwidth:        {_rate(size, kernel_time, 'GB/s')} ({size:,} bytes of arrays / kernel)")
+    shapes = [a.shape if isinstance(a, np.ndarray) else None for a in [*full, *returned[:len(plan.outputs)]]]
+    flops = linalg_flops(kernel, shapes)
+    if flops is not None and flops[0] > 0:
+        lines.append(f"  compute:          {_rate(flops[0], kernel_time, 'GFLOP/s')} ({flops[0]:,} flops: "
+                     f"{', '.join(flops[1])})")
     return lines
 
 
