@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import string
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -293,8 +294,9 @@ def apply(kernel: Kernel, *args: Any, all_parallel: bool = False) -> Any:
     """
     spec = kernel.spec
     if spec.signature.results and not all_parallel:
+        returned = ", ".join(r.mlir for r in spec.signature.results)
         raise ChunkingError(
-            f"apply(@{spec.name}): the kernel returns MLIR results ({', '.join(r.mlir for r in spec.signature.results)}), "
+            f"apply(@{spec.name}): the kernel returns MLIR results ({returned}), "
             "which memkernel cannot combine across blocks. Pass all_parallel=True if every dim is parallel and "
             "every result is an array shaped like the inputs, or write the kernel with output memrefs."
         )
@@ -341,23 +343,28 @@ def _located(inputs: Sequence[str | None], letter: str) -> tuple[int, int]:
     return next((p, index.index(letter)) for p, index in enumerate(inputs) if index and letter in index)
 
 
-def _output(kernel: Kernel, chunking: Chunking, bound: Sequence[Any], which: int) -> da.Array:
-    spec = kernel.spec
-    n_inputs = spec.n_inputs
-    index = chunking.indices[n_inputs + which]
-    assert index is not None
-    inputs = "".join(i for i in chunking.indices[:n_inputs] if i is not None)
-    contracted = sorted(set(inputs) - set(index))
-    summed = [c for c in contracted if chunking.summable and c in chunking.reductions and c not in chunking.whole]
-    whole = chunking.whole | (set(contracted) - set(summed))
+def _rechunked(chunking: Chunking, bound: Sequence[Any], n_inputs: int, whole: AbstractSet[str]) -> list[Any]:
+    """The blockwise ``(array, index)`` pairs of the inputs, each rechunked to one chunk along ``whole``'s letters."""
     pairs: list[Any] = []
-    for i, value in zip(chunking.indices[:n_inputs], bound):
-        if i is None:
+    for index, value in zip(chunking.indices[:n_inputs], bound):
+        if index is None:
             pairs += [value, None]
             continue
-        rechunk = {k: -1 for k, c in enumerate(i) if c in whole}
-        pairs += [value.rechunk(rechunk) if rechunk else value, i]
-    sources = tuple(tuple(_located(chunking.indices[:n_inputs], c) for c in i or "") for i in chunking.indices[n_inputs:])
+        rechunk = {k: -1 for k, c in enumerate(index) if c in whole}
+        pairs += [value.rechunk(rechunk) if rechunk else value, index]
+    return pairs
+
+
+def _output(kernel: Kernel, chunking: Chunking, bound: Sequence[Any], which: int) -> da.Array:
+    """Output ``which`` as a dask array: one kernel call per block, partial outputs summed along ``summed``."""
+    spec = kernel.spec
+    inputs = chunking.indices[:spec.n_inputs]
+    index = chunking.indices[spec.n_inputs + which]
+    assert index is not None
+    contracted = sorted(set("".join(i for i in inputs if i is not None)) - set(index))
+    summed = [c for c in contracted if chunking.summable and c in chunking.reductions and c not in chunking.whole]
+    pairs = _rechunked(chunking, bound, spec.n_inputs, chunking.whole | (set(contracted) - set(summed)))
+    sources = tuple(tuple(_located(inputs, c) for c in i or "") for i in chunking.indices[spec.n_inputs:])
     dtypes = tuple(o.element.dtype for o in spec.outputs if isinstance(o, MemRefSpec))
     dtype = dtypes[which]
     out_index = index + "".join(summed)
@@ -387,12 +394,14 @@ def _run_mapped(carried: Any, which: int, count: int, *blocks: Any) -> np.ndarra
 
 
 def _map_blocks(kernel: Kernel, bound: list[Any]) -> Any:
+    """The kernel mapped over matching blocks of same-rank arrays: ``all_parallel=True``."""
     spec = kernel.spec
     returned = [*spec.outputs, *spec.signature.results]
-    if not returned or not all(isinstance(r, MemRefSpec) for r in returned):
+    arrays = [r for r in returned if isinstance(r, MemRefSpec)]
+    if not returned or len(arrays) != len(returned):
         raise ChunkingError(f"apply(@{spec.name}, all_parallel=True): the kernel must return arrays only; "
                             f"it returns {', '.join(r.mlir for r in returned) or 'nothing'}.")
-    ranks = {r.rank for r in returned} | {v.ndim for v in bound if isinstance(v, da.Array)}  # type: ignore[union-attr]
+    ranks = {r.rank for r in arrays} | {v.ndim for v in bound if isinstance(v, da.Array)}
     if len(ranks) != 1:
         raise ChunkingError(f"apply(@{spec.name}, all_parallel=True): every array argument and output must have "
                             f"one rank to be mapped block by block; they have ranks {sorted(ranks)}.")
@@ -401,7 +410,7 @@ def _map_blocks(kernel: Kernel, bound: list[Any]) -> Any:
     for value in bound:
         pairs += [value, index if isinstance(value, da.Array) else None]
     outputs = tuple(
-        da.blockwise(_run_mapped, index, _carried(kernel), None, j, None, len(returned), None, *pairs,
-                     dtype=r.element.dtype, meta=np.empty((0,) * len(index), r.element.dtype))  # type: ignore[union-attr]
-        for j, r in enumerate(returned))
+        da.blockwise(_run_mapped, index, _carried(kernel), None, j, None, len(arrays), None, *pairs,
+                     dtype=r.element.dtype, meta=np.empty((0,) * len(index), r.element.dtype))
+        for j, r in enumerate(arrays))
     return outputs[0] if len(outputs) == 1 else outputs
