@@ -11,8 +11,10 @@ Any other kernel (a lambda, one made inside a function) pickles *by value*:
 what :func:`~memkernel.mlir_kernel` was given (its
 :class:`~memkernel.kernel.KernelOptions`) and its shape function. The
 function object is handed to the pickler, which decides how to carry it:
-plain :mod:`pickle` takes module-level functions only, cloudpickle (which
-Dask uses) also carries lambdas and closures. Callbacks pickle when their
+plain :mod:`pickle` carries a function it finds by module and name
+(``kernel = mlir_kernel(source)(shape_function)`` with ``shape_function``
+defined at top level), cloudpickle (which Dask uses) also lambdas and
+closures. Callbacks pickle when their
 callables do. The unpickled kernel is decorated afresh and compiles at its
 first call, or loads the code from the disk cache (``$MEMKERNEL_CACHE_DIR``)
 when a process on that machine compiled it before. A process that unpickles

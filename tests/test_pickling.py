@@ -54,6 +54,13 @@ def double(x: float) -> float:
     return 2 * x
 
 
+def shape_of_scale(x, s):
+    return x.shape
+
+
+scale_of_shape_function = mlir_kernel(SCALE, name="scale")(shape_of_scale)
+
+
 def make_nested_scale() -> Kernel:
     @mlir_kernel(SCALE)
     def scale(x, s):
@@ -76,6 +83,13 @@ def test_by_reference_pickle_names_the_module_and_carries_no_source():
     data = pickle.dumps(scale)
     assert __name__.encode() in data and b"scale" in data
     assert b"linalg.generic" not in data
+
+
+def test_plain_pickle_carries_a_kernel_by_value_when_it_finds_its_shape_function_by_name():
+    assert not resolves_by_name(scale_of_shape_function)
+    copy = pickle.loads(pickle.dumps(scale_of_shape_function))
+    assert copy is not scale_of_shape_function and copy.function is shape_of_scale
+    np.testing.assert_array_equal(copy(X, -2.0), X * -2.0)
 
 
 def test_nested_kernel_with_plain_pickle_fails_like_a_nested_function():
