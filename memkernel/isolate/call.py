@@ -16,6 +16,7 @@ view of the caller's memory there; any other comes back as an array.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -33,8 +34,13 @@ from .definition import Definition, Result, Value
 from .shared import Layout, reach
 
 
+_tokens = itertools.count()
+"""Names each IsolatedRun to the worker (never reused, unlike an id())."""
+
+
 class IsolatedRun:
-    """Runs one kernel's calls in the worker; built once per kernel, at its first call."""
+    """Runs one kernel's calls in the worker; built once per kernel, at its first call or ``compile()``,
+    which compiles the kernel in the worker (raising its CompileError here)."""
 
     def __init__(self, kernel: Kernel) -> None:
         spec = kernel.spec
@@ -52,8 +58,10 @@ class IsolatedRun:
         )
         self._written = tuple(isinstance(c, BufferContract) and c.needs_writeable for c in spec.contracts)
         self._definition = Definition.of(kernel)
-        self._token = f"{id(self):x}-{spec.name}"
+        self._token = f"{next(_tokens)}-{spec.name}"
         self._timeout = kernel.options.timeout
+        with process.lock():
+            self._define(process.worker())
 
     def __call__(self, args: tuple[Any, ...], given: tuple[Any, ...]) -> Any:
         """The kernel's return value for the bound inputs ``args`` and the outputs ``given`` (None: allocate)."""
@@ -105,13 +113,11 @@ class IsolatedRun:
 
     def _request(self, worker: process.Worker, values: list[Value], args: tuple[Any, ...],
                  checked: list[Any]) -> list[Result]:
+        self._define(worker)
         try:
-            if self._token not in worker.defined:
-                self._reply(worker.request(("define", self._token, self._definition)))
-                worker.defined.add(self._token)
             reply = worker.request(("call", self._token, values, len(self._outputs)), timeout=self._timeout)
         except process.WorkerDied as died:
-            raise self._crashed(died, self._summary(args, checked)) from None
+            raise self._crashed(died, self._summary(args, checked), "running the call") from None
         except process.WorkerTimedOut:
             raise KernelTimeout(
                 f"{self._kernel}({self._summary(args, checked)}) ran longer than timeout={self._timeout:g} s; its worker "
@@ -120,6 +126,16 @@ class IsolatedRun:
             ) from None
         return self._reply(reply)
 
+    def _define(self, worker: process.Worker) -> None:
+        """Have the worker build and compile the kernel, unless it has since it started."""
+        if self._token in worker.defined:
+            return
+        try:
+            self._reply(worker.request(("define", self._token, self._definition)))
+        except process.WorkerDied as died:
+            raise self._crashed(died, "", "compiling the kernel") from None
+        worker.defined.add(self._token)
+
     @staticmethod
     def _reply(reply: tuple[str, Any]) -> Any:
         status, value = reply
@@ -127,13 +143,13 @@ class IsolatedRun:
             raise value
         return value
 
-    def _crashed(self, died: process.WorkerDied, summary: str) -> KernelCrashed:
+    def _crashed(self, died: process.WorkerDied, summary: str, doing: str) -> KernelCrashed:
         how = f"was killed by {died.signal}" if died.signal else f"exited with status {died.status}"
         output = f" Its last lines on stderr:\n{died.output}" if died.output.strip() else ""
         return KernelCrashed(
-            f"{self._kernel}({summary}): the worker process running the call {how}: the kernel crashed "
-            f"(or its compilation did). Your process and arrays are unharmed (arrays the kernel may write "
-            f"keep their values from before the call); the next call starts a new worker.{output}",
+            f"{self._kernel}({summary}): the worker process {doing} {how}. Your process and arrays are "
+            f"unharmed (arrays the kernel may write keep their values from before the call); the next call "
+            f"starts a new worker.{output}",
             signal=died.signal, kernel=self._kernel, arguments=summary, output=died.output,
         )
 

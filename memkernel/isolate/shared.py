@@ -14,6 +14,7 @@ from __future__ import annotations
 import mmap
 import os
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -37,26 +38,23 @@ def reach(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> tu
     return low, high + itemsize
 
 
-def extent(array: np.ndarray) -> tuple[int, int]:
-    """The addresses ``[low, high)`` of the bytes a non-empty array's elements occupy."""
-    low, high = reach(array.shape, array.strides, array.itemsize)
-    address = _address(array)
-    return address + low, address + high
 
 
-@dataclass(frozen=True)
-class Placed:
-    """An array as the worker rebuilds it: its first element's offset in the segment, shape, strides, dtype."""
+class Placed(NamedTuple):
+    """An array as the worker rebuilds it: its first element's offset in the segment, shape, strides, and
+    its dtype's scalar type (which pickles by reference, and gives back numpy's own dtype instance: the
+    fast path knows a dtype by identity)."""
 
     offset: int
     shape: tuple[int, ...]
     strides: tuple[int, ...]
-    dtype: np.dtype
+    scalar_type: type
     writeable: bool
 
     def view(self, buffer: mmap.mmap) -> np.ndarray:
         """This array in a mapping of the segment."""
-        array = np.ndarray(self.shape, self.dtype, buffer=buffer, offset=self.offset, strides=self.strides)
+        array = np.ndarray(self.shape, np.dtype(self.scalar_type), buffer=buffer, offset=self.offset,
+                           strides=self.strides)
         if not self.writeable:
             array.flags.writeable = False
         return array
@@ -74,7 +72,9 @@ class Layout:
     """Where one call's arrays go in the segment; overlapping arrays share a region."""
 
     def __init__(self, arrays: list[np.ndarray]) -> None:
-        spans = sorted((*extent(a), i) for i, a in enumerate(arrays))
+        addresses = [_address(a) for a in arrays]
+        spans = sorted((address + low, address + high, i) for i, (a, address) in enumerate(zip(arrays, addresses))
+                       for low, high in (reach(a.shape, a.strides, a.itemsize),))
         self.placed: list[Placed] = [None] * len(arrays)  # type: ignore[list-item]
         self.regions: list[_Region] = []
         cursor = 0
@@ -91,7 +91,7 @@ class Layout:
             self.regions.append(_Region(low, high, start, arrays[first]))
             for i in members:
                 a = arrays[i]
-                self.placed[i] = Placed(start + _address(a) - low, a.shape, a.strides, a.dtype, a.flags.writeable)
+                self.placed[i] = Placed(start + addresses[i] - low, a.shape, a.strides, a.dtype.type, a.flags.writeable)
             cursor = start + high - low
         self.size = cursor
 
@@ -113,8 +113,11 @@ class Segment:
         self.map = mmap.mmap(self.fd, self.size)
 
     def close(self) -> None:
-        """Unmap and close (views of it must be gone)."""
+        """Unmap and close (views of it must be gone); closing twice does nothing."""
+        if self.fd < 0:
+            return
         os.close(self.fd)
+        self.fd = -1
         try:
             self.map.close()
         except BufferError:  # a view is still alive somewhere: the mapping goes with it
