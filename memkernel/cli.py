@@ -43,7 +43,7 @@ from mlir import ir, passmanager
 from . import display
 from .errors import MemkernelError
 from .kernel import Kernel, mlir_kernel
-from .spec.shapes import Dim, _argument_of, _structured_names, _unconditional
+from .spec.shapes import Dim, argument_of, structured_names, unconditional
 from .spec.signature import ArgSpec, MemRefSpec, ScalarSpec, UnrankedSpec, read_signature
 from .spec.source import MLIR_LOCK, ParsedSource, parse_source
 
@@ -621,7 +621,7 @@ def linalg_flops(kernel: Kernel, shapes: Sequence[tuple[int, ...] | None]) -> tu
     None when the kernel has loops of its own or an op whose loop sizes are not all known."""
     parsed = parse_source(kernel.options.source)
     with MLIR_LOCK, parsed.context:
-        names = _structured_names(parsed.module)
+        names = structured_names(parsed.module)
         passmanager.PassManager.parse("builtin.module(func.func(linalg-generalize-named-ops))").run(
             parsed.module.operation)
         func = parsed.function(kernel.spec.name)
@@ -633,12 +633,12 @@ def linalg_flops(kernel: Kernel, shapes: Sequence[tuple[int, ...] | None]) -> tu
                 return None
             if not op.name.startswith("linalg.") or "indexing_maps" not in op.attributes:
                 continue
-            if not _unconditional(op, func):
+            if not unconditional(op, func):
                 return None
             maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
             loops: dict[int, int] = {}
             for value, amap in zip(op.operands, maps):
-                arg = _argument_of(value, entry)
+                arg = argument_of(value, entry)
                 shape = shapes[arg] if arg is not None and arg < len(shapes) else None
                 for k, expr in enumerate(amap.results if shape is not None else []):
                     if isinstance(expr, ir.AffineDimExpr):

@@ -36,14 +36,14 @@ from mlir import ir, passmanager
 
 from .errors import ArgumentError, ChunkingError, ShapeError
 from .pickling import reduce_by_value, resolves_by_name
-from .spec.shapes import _SHAPE_PRESERVING, _argument_of
+from .spec.shapes import SHAPE_PRESERVING, argument_of
 from .spec.signature import MemRefSpec, ScalarSpec
 from .spec.source import MLIR_LOCK, parse_source
 
 if TYPE_CHECKING:
     from .kernel import Kernel
 
-_IGNORED = frozenset({"func.return", "arith.constant"}) | _SHAPE_PRESERVING
+_IGNORED = frozenset({"func.return", "arith.constant"}) | SHAPE_PRESERVING
 _ADD = frozenset({"arith.addf", "arith.addi"})
 
 
@@ -114,7 +114,7 @@ def _read_op(op: ir.Operation, entry: ir.Block, where: str) -> _Op:
         if not isinstance(value.type, ir.ShapedType):
             operands.append(None)
             continue
-        arg = _argument_of(value, entry)
+        arg = argument_of(value, entry)
         if arg is None:
             raise _Unanalysable(f"{where} has an operand that is not an argument of the kernel ({value.type})")
         dims = []

@@ -171,7 +171,7 @@ def compile_state(kernel: Kernel) -> str:
     """``compiled in 12.3 ms (fast path)`` or ``not compiled yet ...``."""
     if not kernel.compiled:
         return "not compiled yet (at the first call, or kernel.compile())"
-    seconds = kernel._compile_seconds
+    seconds = kernel.compile_seconds
     took = f" in {seconds * 1e3:.1f} ms" if seconds is not None else ""
     path = "fast path" if kernel.invoker.fast is not None else "checked path only"
     return f"compiled{took} ({path})"

@@ -34,7 +34,7 @@ from mlir import ir, passmanager
 from ..errors import ShapeError, SignatureError
 from .signature import ArgSpec, MemRefSpec
 
-_SHAPE_PRESERVING = frozenset({"memref.cast", "tensor.cast", "bufferization.to_tensor", "bufferization.to_buffer"})
+SHAPE_PRESERVING = frozenset({"memref.cast", "tensor.cast", "bufferization.to_tensor", "bufferization.to_buffer"})
 _CONDITIONAL = frozenset({"scf.if", "scf.index_switch"})
 
 
@@ -152,18 +152,18 @@ class ShapeRules:
 # -- the IR's ties ----------------------------------------------------------------
 
 
-def _argument_of(value: ir.Value, entry: ir.Block) -> int | None:
+def argument_of(value: ir.Value, entry: ir.Block) -> int | None:
     """The kernel argument ``value`` is, directly or through shape-preserving casts."""
     while True:
         if isinstance(value, ir.BlockArgument):
             return value.arg_number if value.owner == entry else None
         owner = value.owner
-        if not isinstance(owner, ir.Operation) or owner.name not in _SHAPE_PRESERVING:
+        if not isinstance(owner, ir.Operation) or owner.name not in SHAPE_PRESERVING:
             return None
         value = owner.operands[0]
 
 
-def _unconditional(op: ir.Operation, function: ir.Operation) -> bool:
+def unconditional(op: ir.Operation, function: ir.Operation) -> bool:
     """Whether ``op`` runs on every call: in the function's entry block, inside no ``scf.if``."""
     parent = op.parent
     while parent is not None and parent != function:
@@ -212,7 +212,7 @@ class _Collector:
     def _arguments(self, values: Sequence[ir.Value]) -> list[int | None]:
         found = []
         for value in values:
-            arg = _argument_of(value, self.entry)
+            arg = argument_of(value, self.entry)
             found.append(arg if arg is not None and self.ranks[arg] is not None else None)
         return found
 
@@ -259,7 +259,7 @@ def ir_rules(module: ir.Module, function: str, specs: Sequence[ArgSpec]) -> tupl
     Works on a copy of the module with linalg's named ops generalized, so that
     every structured op shows its indexing maps.
     """
-    original = _structured_names(module)
+    original = structured_names(module)
     copy = module.operation.clone()
     passmanager.PassManager.parse("builtin.module(func.func(linalg-generalize-named-ops))",
                                   module.context).run(copy.operation)
@@ -270,7 +270,7 @@ def ir_rules(module: ir.Module, function: str, specs: Sequence[ArgSpec]) -> tupl
     collector = _Collector(function, entry, ranks)
 
     def visit(op: ir.Operation) -> ir.WalkResult:
-        if op == func or not _unconditional(op, func):
+        if op == func or not unconditional(op, func):
             return ir.WalkResult.ADVANCE
         if op.name.startswith("linalg.") and "indexing_maps" in op.attributes:
             collector.structured(op, f"@{function}'s {original.get(str(op.location), op.name)}")
@@ -282,7 +282,7 @@ def ir_rules(module: ir.Module, function: str, specs: Sequence[ArgSpec]) -> tupl
     return collector.ties, collector.bounds
 
 
-def _structured_names(module: ir.Module) -> dict[str, str]:
+def structured_names(module: ir.Module) -> dict[str, str]:
     """The linalg ops of ``module`` by location: what a generalized op was called before."""
     names: dict[str, str] = {}
 
