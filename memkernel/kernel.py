@@ -238,7 +238,7 @@ class Kernel:
     # -- calls ---------------------------------------------------------------------
 
     def __call__(self, /, *args: Any, out: Any = None, **kwargs: Any) -> Any:
-        return (self._invoker or self.invoker)(args, kwargs, out)
+        return (self._invoker or self.invoker).call(args, kwargs, out)
 
     def __get__(self, instance: object, owner: type | None = None) -> Kernel:
         """A kernel in a class body stays a plain function of its arguments, like a staticmethod.
@@ -259,6 +259,11 @@ class Kernel:
     # -- display (memkernel.display) ---------------------------------------------------
 
     _compile_seconds: float | None = None  # how long compile() took: set once, when it built the invoker
+
+    @property
+    def compile_seconds(self) -> float | None:
+        """How long :meth:`compile` took (a disk cache load, or lowering and codegen); None before it ran."""
+        return self._compile_seconds
 
     @property
     def compiled(self) -> bool:
