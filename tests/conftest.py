@@ -5,5 +5,11 @@ from __future__ import annotations
 import os
 import tempfile
 
+from hypothesis import HealthCheck, settings
+
 _folder = tempfile.TemporaryDirectory(prefix="memkernel-test-cache-")
 os.environ["MEMKERNEL_CACHE_DIR"] = _folder.name
+
+# A long fuzzing run: python -m pytest tests/test_fuzz.py --hypothesis-profile=memkernel-fuzz-long
+settings.register_profile("memkernel-fuzz-long", max_examples=3000, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -28,9 +28,6 @@ from .fuzz.calls import ArrayArg, CallCase, KernelCase, OverlapOut
 REPO = Path(__file__).resolve().parents[1]
 CALL_TIMEOUT = 120.0
 
-settings.register_profile("memkernel-fuzz-long", max_examples=3000, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-
 
 class Worker:
     """The fuzz worker process: started on first use, restarted after it dies."""
