@@ -142,6 +142,59 @@ def test_what_an_isolated_kernel_prints_comes_in_order_with_python_prints(capsys
     assert "[4,  5]" in lines[-2]
 
 
+GIVE_UP = """
+llvm.mlir.global internal constant @message("kernel lost its way\\00") {addr_space = 0 : i32}
+llvm.func @perror(!llvm.ptr)
+llvm.func @abort()
+llvm.func @exit(i32)
+func.func @give_up(%status: i32) {
+  %p = llvm.mlir.addressof @message : !llvm.ptr
+  llvm.call @perror(%p) : (!llvm.ptr) -> ()
+  %zero = arith.constant 0 : i32
+  %exits = arith.cmpi ne, %status, %zero : i32
+  scf.if %exits {
+    llvm.call @exit(%status) : (i32) -> ()
+  }
+  llvm.call @abort() : () -> ()
+  return
+}"""
+
+
+def test_an_abort_carries_the_signal_and_what_the_kernel_wrote_on_stderr(capsys):
+    give_up = mlir_kernel(GIVE_UP, isolate=True)(lambda status: None)
+    with pytest.raises(KernelCrashed) as caught:
+        give_up(0)
+    assert caught.value.signal == "SIGABRT"
+    assert "kernel lost its way" in caught.value.output
+    assert str(caught.value).endswith(caught.value.output)
+    assert "kernel lost its way" in capsys.readouterr().err
+
+
+def test_a_kernel_that_exits_the_worker_is_a_crash_with_its_status():
+    give_up = mlir_kernel(GIVE_UP, isolate=True)(lambda status: None)
+    with pytest.raises(KernelCrashed, match=r"give_up\(status=3\): the worker process running the call exited "
+                                             r"with status 3") as caught:
+        give_up(3)
+    assert caught.value.signal is None
+
+
+def test_a_forked_child_gets_a_worker_of_its_own(floats):
+    add = add_kernel(isolate=True)
+    a, b = floats
+    add(a, b)
+    parent_worker = memkernel.isolate.process.worker()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            ok = np.array_equal(add(a, b), a + b) and memkernel.isolate.process.worker() is not parent_worker
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert parent_worker.alive()
+    np.testing.assert_array_equal(add(b, b), b + b)
+
+
 # -- hangs ------------------------------------------------------------------------------
 
 
@@ -217,6 +270,26 @@ def test_allocated_outputs_match_numpy(n):
     a = np.random.default_rng(n).standard_normal(n).astype(np.float32)
     out = add_kernel(isolate=True)(a, a[::-1])
     np.testing.assert_array_equal(out, a + a[::-1])
+
+
+COPY = """
+func.func @copy(%a: memref<?xT>, %o: memref<?xT>) {
+  memref.copy %a, %o : memref<?xT> to memref<?xT>
+  return
+}"""
+
+
+@pytest.mark.parametrize("element, dtype", [
+    ("f64", np.float64), ("i8", np.uint8), ("complex<f32>", np.complex64), ("i1", np.bool_),
+    ("bf16", pytest.importorskip("ml_dtypes").bfloat16),
+])
+def test_every_element_type_crosses_unchanged(element, dtype):
+    source = COPY.replace("T>", f"{element}>")
+    isolated, in_process = (mlir_kernel(source, isolate=isolate)(lambda a: None) for isolate in (True, False))
+    a = (np.arange(10) % 3).astype(dtype)
+    out = isolated(a)
+    assert out.dtype == in_process(a).dtype
+    np.testing.assert_array_equal(out.view(np.uint8), a.view(np.uint8))
 
 
 # -- errors are the caller's ------------------------------------------------------------
