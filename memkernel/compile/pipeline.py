@@ -7,10 +7,19 @@ first bufferized (one-shot, across function boundaries, identity layouts at
 the boundary) with ownership-based deallocation of its temporaries. It runs in two halves;
 between them memkernel rewrites ``i1`` memref accesses to byte accesses (the
 LLVM 22 lowering of ``i1`` loads and stores aborts the process) and, when the
-module does arithmetic on f8 types, adds ``convert-arith-to-apfloat``.
+module does arithmetic on small float types (f8, f6, f4), adds
+``convert-arith-to-apfloat``.
 
 ``"fast"`` first applies the transform strategies of :mod:`memkernel.presets`.
 ``pipeline=`` may instead name a pass pipeline of the user's; it runs as given.
+
+A module that carries its own transform-dialect schedule (a
+``transform.named_sequence @__transform_main``, or a ``transform.sequence``,
+at its top level or in a nested module) has it applied by the transform
+interpreter where upstream's tests apply it: before bufferization (and before
+a preset's strategies) by default, or after it (``schedule=``); the transform
+ops are then erased, so only the code they transformed is lowered. With a
+custom pipeline the schedule is applied before that pipeline runs.
 """
 
 from __future__ import annotations
@@ -20,10 +29,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from mlir import ir, passmanager
+from mlir.dialects.transform import interpreter
 
 from . import i1_storage
 from ..diagnostics import format_diagnostics
-from ..spec.dtypes import F8_NAMES
+from ..spec.dtypes import SMALL_FLOAT_NAMES, SUB_BYTE_FLOAT_BITS
 from ..errors import CompileError, SignatureError
 from .libraries import find_library
 from .presets import PRESETS, fingerprint
@@ -93,19 +103,31 @@ _POST = (
     "reconcile-unrealized-casts)"
 )
 
+SCHEDULES = ("before-bufferization", "after-bufferization", "skip")
+"""Where a module's own transform schedule is applied: ``schedule=`` (None picks
+``"before-bufferization"``, which for memref code is also after it); ``"skip"``
+erases it unapplied."""
+
+
 @dataclass(frozen=True)
 class Pipeline:
-    """A preset name (see :mod:`memkernel.presets`), or the user's own pass pipeline text."""
+    """A preset name (see :mod:`memkernel.presets`), or the user's own pass pipeline text.
+
+    ``schedule`` is where the module's own transform schedule is applied (see :data:`SCHEDULES`).
+    """
 
     name: str
     custom: str | None = None
     parallel: bool = False
+    schedule: str | None = None
 
     def describe(self) -> str:
         """What identifies the pipeline in a cache key."""
+        schedule = f" schedule:{self.schedule}" if self.schedule is not None else ""
         if self.custom is not None:
-            return self.custom
-        return f"preset {fingerprint(self.name)}" + (f" parallel:{os.cpu_count()}" if self.parallel else "")
+            return self.custom + schedule
+        return (f"preset {fingerprint(self.name)}" + (f" parallel:{os.cpu_count()}" if self.parallel else "")
+                + schedule)
 
 
 def _element(t: ir.Type) -> ir.Type:
@@ -124,12 +146,12 @@ def _walk(module: ir.Module, visit: Callable[[ir.Operation], None]) -> None:
     module.operation.walk(callback)
 
 
-def uses_f8_arithmetic(module: ir.Module) -> bool:
-    """Whether an ``arith`` op computes on an f8 type (LLVM has no f8 arithmetic)."""
+def uses_small_float_arithmetic(module: ir.Module) -> bool:
+    """Whether an ``arith`` op (a conversion included) computes on an f8, f6 or f4 type (LLVM has none)."""
     found: list[str] = []
 
     def visit(op: ir.Operation) -> None:
-        if op.name.startswith("arith.") and any(str(_element(t)) in F8_NAMES for t in _types_of(op)):
+        if op.name.startswith("arith.") and any(str(_element(t)) in SMALL_FLOAT_NAMES for t in _types_of(op)):
             found.append(op.name)
 
     _walk(module, visit)
@@ -156,27 +178,37 @@ def uses_tensors(module: ir.Module) -> bool:
     return bool(found)
 
 
+def _sub_byte_memref(t: ir.Type) -> str | None:
+    """The element type of a memref of i1, f6 or f4 elements (one per byte, bit-packed in vectors), else None."""
+    if not isinstance(t, (ir.MemRefType, ir.UnrankedMemRefType)):
+        return None
+    element = str(t.element_type)
+    return element if element == "i1" or element in SUB_BYTE_FLOAT_BITS else None
+
+
 def _is_i1_memref(t: ir.Type) -> bool:
-    return isinstance(t, (ir.MemRefType, ir.UnrankedMemRefType)) and str(t.element_type) == "i1"
+    return _sub_byte_memref(t) == "i1"
 
 
 def check_before_lowering(module: ir.Module, pipeline: Pipeline) -> None:
     """Refuse, with a SignatureError, IR that the lowering would miscompile or abort on."""
-    vector_ops: list[str] = []
+    vector_ops: list[tuple[str, str]] = []
     i1_ops: list[str] = []
 
     def visit(op: ir.Operation) -> None:
-        if any(_is_i1_memref(t) for t in _types_of(op)):
+        elements = [e for e in map(_sub_byte_memref, _types_of(op)) if e is not None]
+        if "i1" in elements:
             i1_ops.append(op.name)
-            if op.name.startswith("vector."):
-                vector_ops.append(op.name)
+        if elements and op.name.startswith("vector."):
+            vector_ops.append((op.name, elements[0]))
 
     _walk(module, visit)
     if vector_ops:
+        op, element = vector_ops[0]
         raise SignatureError(
-            f"{vector_ops[0]} on an i1 memref: vector accesses of i1 memrefs lower to bit-packed "
-            "loads and stores, while i1 memrefs hold one byte per element. Use memref.load/store "
-            "or linalg ops on i1 memrefs, or an i8 memref."
+            f"{op} on an {element} memref: vector accesses of {element} memrefs lower to bit-packed "
+            f"loads and stores, while {element} memrefs hold one byte per element. Use memref.load/store "
+            f"or linalg ops on {element} memrefs, or a memref of a byte-sized type."
         )
     if i1_ops and pipeline.custom is not None:
         raise SignatureError(
@@ -186,19 +218,30 @@ def check_before_lowering(module: ir.Module, pipeline: Pipeline) -> None:
         )
 
 
-def parse_pipeline(pipeline: str | None, parallel: bool = False) -> Pipeline:
+def _check_schedule(schedule: str | None) -> None:
+    if schedule is not None and schedule not in SCHEDULES:
+        raise CompileError(
+            f"schedule= must be None (apply the module's transform schedule before bufferization) or one of "
+            f"{', '.join(map(repr, SCHEDULES))}; got {schedule!r}."
+        )
+
+
+def parse_pipeline(pipeline: str | None, parallel: bool = False, schedule: str | None = None) -> Pipeline:
     """A :class:`Pipeline` for ``pipeline=``: None or a preset name, else pass pipeline text.
 
     ``parallel`` runs the parallel loops of a preset on the MLIR async runtime's
     thread pool; CompileError if that library is not installed or the pipeline is custom.
+    ``schedule`` says where the module's own transform schedule is applied (see
+    :data:`SCHEDULES`); CompileError for another value.
     """
+    _check_schedule(schedule)
     if pipeline is None or pipeline in PRESETS:
         if parallel and find_library(ASYNC_RUNTIME) is None:
             raise CompileError(
                 "parallel=True runs parallel loops on the MLIR async runtime, libmlir_async_runtime, "
                 "which is not installed: pip install 'memkernel[runtime]'"
             )
-        return Pipeline(pipeline or DEFAULT, parallel=parallel)
+        return Pipeline(pipeline or DEFAULT, parallel=parallel, schedule=schedule)
     if parallel:
         raise CompileError("parallel=True applies to the preset pipelines; put the passes you want in pipeline=.")
     text = pipeline.strip()
@@ -210,7 +253,7 @@ def parse_pipeline(pipeline: str | None, parallel: bool = False) -> Pipeline:
     except ValueError as exc:
         presets = ", ".join(map(repr, PRESETS))
         raise CompileError(f"pipeline= does not parse as a pass pipeline or name a preset ({presets}): {exc}") from None
-    return Pipeline("custom", text)
+    return Pipeline("custom", text, schedule=schedule)
 
 
 def _run(text: str, module: ir.Module, source: str) -> None:
@@ -235,6 +278,78 @@ the LLVM dialect that is JIT-compiled.
 """
 
 
+_TRANSFORM_MAIN = "__transform_main"
+_WITH_NAMED_SEQUENCE = "transform.with_named_sequence"
+
+
+def _name_of(op: ir.Operation) -> str | None:
+    return ir.StringAttr(op.attributes["sym_name"]).value if "sym_name" in op.attributes else None
+
+
+def _is_transform(op: ir.Operation) -> bool:
+    return op.name.startswith("transform.")
+
+
+def _schedule_modules(module: ir.Module) -> list[ir.Operation]:
+    """The module and its nested modules: where a schedule may be."""
+    nested = [op.operation for op in module.body.operations if op.operation.name == "builtin.module"]
+    return [module.operation, *nested]
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A module's own transform schedule: its entry op and the module that holds it (and its helpers)."""
+
+    entry: ir.Operation
+    holder: ir.Operation
+
+
+def find_schedule(module: ir.Module) -> Schedule | None:
+    """The module's transform schedule: a ``transform.named_sequence @__transform_main`` or a
+    ``transform.sequence``, at the top level or in a nested module; None if it has none."""
+    for holder in _schedule_modules(module):
+        for op in holder.regions[0].blocks[0].operations:
+            op = op.operation
+            if (op.name == "transform.named_sequence" and _name_of(op) == _TRANSFORM_MAIN) \
+                    or op.name == "transform.sequence":
+                return Schedule(op, holder)
+    return None
+
+
+def apply_schedule(module: ir.Module, schedule: Schedule, source: str) -> None:
+    """Apply ``schedule`` to the whole module; CompileError with MLIR's diagnostics if it fails."""
+    try:
+        interpreter.apply_named_sequence(module.operation, schedule.entry, schedule.holder)
+    except ir.MLIRError as exc:
+        raise CompileError(
+            "the module's transform schedule failed:\n" + format_diagnostics(exc.error_diagnostics, source)
+        ) from None
+
+
+def strip_schedule(module: ir.Module) -> None:
+    """Erase the module's transform ops, and the nested modules that held nothing else."""
+    for holder in reversed(_schedule_modules(module)):
+        ops = [op.operation for op in holder.regions[0].blocks[0].operations]
+        if holder != module.operation and ops and all(_is_transform(op) for op in ops):
+            holder.erase()
+            continue
+        for op in ops:
+            if _is_transform(op):
+                op.erase()
+        if _WITH_NAMED_SEQUENCE in holder.attributes:
+            del holder.attributes[_WITH_NAMED_SEQUENCE]
+
+
+def _scheduled(module: ir.Module, pipeline: Pipeline, source: str, point: str) -> None:
+    """Apply (at its ``point``) and erase the module's own schedule, if it has one."""
+    schedule = find_schedule(module)
+    if schedule is None or (pipeline.schedule or SCHEDULES[0]) not in (point, "skip"):
+        return
+    if pipeline.schedule != "skip":
+        apply_schedule(module, schedule, source)
+    strip_schedule(module)
+
+
 def lower(module: ir.Module, pipeline: Pipeline, source: str, until: str = "llvm") -> ir.Module:
     """Lower ``module`` up to stage ``until``; the lowered module (the same one or, after a
     preset's strategies, a new one). CompileError with the diagnostics on failure.
@@ -246,14 +361,17 @@ def lower(module: ir.Module, pipeline: Pipeline, source: str, until: str = "llvm
     if pipeline.custom is not None:
         if until != "llvm":
             raise ValueError(f"a custom pipeline has the stages 'input' and 'llvm', not {until!r}")
+        _scheduled(module, pipeline, source, pipeline.schedule or SCHEDULES[0])
         _run(pipeline.custom, module, source)
         return module
+    _scheduled(module, pipeline, source, "before-bufferization")
     strategies = PRESETS[pipeline.name]
     for strategy in strategies:
         if strategy.on_tensors:
             module = strategy.applied(module)
     if uses_tensors(module):
         _run(_BUFFERIZE, module, source)
+    _scheduled(module, pipeline, source, "after-bufferization")
     if until == "bufferized":
         return module
     for strategy in strategies:
@@ -265,6 +383,6 @@ def lower(module: ir.Module, pipeline: Pipeline, source: str, until: str = "llvm
     i1_storage.lower_i1_accesses(module)
     if until == "loops":
         return module
-    apfloat = _APFLOAT if uses_f8_arithmetic(module) else ""
+    apfloat = _APFLOAT if uses_small_float_arithmetic(module) else ""
     _run(_POST.format(apfloat=apfloat), module, source)
     return module

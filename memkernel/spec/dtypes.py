@@ -12,7 +12,8 @@ MLIR                   allocated / returned       also accepted for memrefs
 ``ui8`` .. ``ui64``    ``uint8`` .. ``uint64``
 ``index``              ``int64``
 ``f16/f32/f64``        ``float16/32/64``
-``bf16``, ``f8*``      ``ml_dtypes`` types
+``bf16``, ``f8*``,     ``ml_dtypes`` types
+``f6*``, ``f4E2M1FN``  (one element per byte)
 ``complex<f32/f64>``   ``complex64/128``
 =====================  =========================  ==============================
 """
@@ -42,10 +43,18 @@ _ML_DTYPES_NAMES = {
     "f8E4M3": "float8_e4m3",
     "f8E3M4": "float8_e3m4",
     "f8E8M0FNU": "float8_e8m0fnu",
+    "f6E2M3FN": "float6_e2m3fn",
+    "f6E3M2FN": "float6_e3m2fn",
+    "f4E2M1FN": "float4_e2m1fn",
 }
 
 ML_DTYPES_TYPE_NAMES = frozenset(_ML_DTYPES_NAMES.values())
 F8_NAMES = frozenset(name for name in _ML_DTYPES_NAMES if name.startswith("f8"))
+SUB_BYTE_FLOAT_BITS = {"f6E2M3FN": 6, "f6E3M2FN": 6, "f4E2M1FN": 4}
+"""The float types narrower than a byte, by width: LLVM holds each as an ``iN``, one per byte in
+memory (as ``ml_dtypes`` does) but bit-packed in a vector."""
+SMALL_FLOAT_NAMES = F8_NAMES | frozenset(SUB_BYTE_FLOAT_BITS)
+"""The float types LLVM has no arithmetic for: f8, f6 and f4."""
 
 # Per byte size: the struct format, numpy dtype and ctypes type of a value's raw bits.
 _BITS_FORMAT = {1: "B", 2: "H", 4: "I", 8: "Q"}
@@ -111,7 +120,7 @@ class ElementType:
             return "i1"
         if self.mlir in ("f16", "bf16", *_NATIVE_FLOATS):
             return self.mlir
-        return f"i{8 * self.itemsize}"
+        return f"i{SUB_BYTE_FLOAT_BITS.get(self.mlir, 8 * self.itemsize)}"
 
     @property
     def ctype(self) -> Any:
@@ -160,7 +169,8 @@ _COMPLEX = {
 
 
 def ml_dtypes_dtype(mlir_name: str) -> np.dtype:
-    """The ``ml_dtypes`` dtype of ``bf16`` or an f8 type; raise if it is not installed."""
+    """The ``ml_dtypes`` dtype of ``bf16`` or an f8, f6 or f4 type; raise if it is not installed
+    (or too old to have it)."""
     try:
         module = importlib.import_module("ml_dtypes")
     except ImportError as exc:
@@ -168,7 +178,13 @@ def ml_dtypes_dtype(mlir_name: str) -> np.dtype:
             f"element type {mlir_name} needs the optional package ml_dtypes: "
             "pip install 'memkernel[ml-dtypes]'"
         ) from exc
-    return np.dtype(getattr(module, _ML_DTYPES_NAMES[mlir_name]))
+    attribute = _ML_DTYPES_NAMES[mlir_name]
+    if not hasattr(module, attribute):
+        raise MissingDependencyError(
+            f"element type {mlir_name} needs ml_dtypes.{attribute}, which ml_dtypes {module.__version__} "
+            "does not have: pip install -U ml_dtypes"
+        )
+    return np.dtype(getattr(module, attribute))
 
 
 def element_type(t: ir.Type) -> ElementType | None:
