@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
+from mlir import ir
 
 from ..errors import CallbackError, SignatureError, ValueRangeError
 from .results import descriptor_array, read_descriptor
@@ -200,14 +201,15 @@ def _bind(kernel: str, name: str, signature: Signature, python: Callable[..., An
     return BoundCallback(f"_mlir_ciface_{name}", ctypes.CFUNCTYPE(restype, *argtypes)(trampoline))
 
 
-def declarations(parsed: ParsedSource) -> dict[str, Signature]:
-    """Every ``func.func`` declaration (no body) of the source, by name."""
-    found = {}
-    for func in parsed.functions():
-        if len(func.regions[0].blocks) == 0:
-            signature = read_signature(func.operation)
-            found[signature.name] = signature
-    return found
+def declarations(parsed: ParsedSource) -> dict[str, ir.Operation]:
+    """Every ``func.func`` declaration (no body) of the source, by name, unread.
+
+    Only the declarations bound to callbacks have their signature read: one that
+    a library defines (``printMemrefVector4x4xf32`` on a memref of vectors) may
+    have types no callback could take, and one nothing calls is no concern.
+    """
+    return {ir.StringAttr(func.attributes["sym_name"]).value: func.operation for func in parsed.functions()
+            if len(func.regions[0].blocks) == 0}
 
 
 def bind_callbacks(parsed: ParsedSource, callbacks: Mapping[str, Callable[..., Any]],
@@ -227,5 +229,5 @@ def bind_callbacks(parsed: ParsedSource, callbacks: Mapping[str, Callable[..., A
             )
         if not callable(python):
             raise SignatureError(f"callbacks: @{name} is bound to {python!r}, which is not callable.")
-        bound[name] = _bind(kernel, name, declared[name], python, pending)
+        bound[name] = _bind(kernel, name, read_signature(declared[name]), python, pending)
     return bound

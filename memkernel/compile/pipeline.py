@@ -350,6 +350,30 @@ def _scheduled(module: ir.Module, pipeline: Pipeline, source: str, point: str) -
     strip_schedule(module)
 
 
+def _referenced_symbols(module: ir.Module) -> set[str]:
+    names: set[str] = set()
+
+    def visit(op: ir.Operation) -> None:
+        attributes = op.attributes
+        for i in range(len(attributes)):
+            attr = attributes[i].attr
+            if isinstance(attr, ir.FlatSymbolRefAttr):
+                names.add(attr.value)
+
+    _walk(module, visit)
+    return names
+
+
+def drop_unused_declarations(module: ir.Module) -> None:
+    """Erase the ``func.func`` declarations nothing refers to: a library need not define them, and their
+    types (``memref<?x?xvector<4x4xf32>>``) need not lower."""
+    used = _referenced_symbols(module)
+    for op in list(module.body.operations):
+        op = op.operation
+        if op.name == "func.func" and len(op.regions[0].blocks) == 0 and _name_of(op) not in used:
+            op.erase()
+
+
 def lower(module: ir.Module, pipeline: Pipeline, source: str, until: str = "llvm") -> ir.Module:
     """Lower ``module`` up to stage ``until``; the lowered module (the same one or, after a
     preset's strategies, a new one). CompileError with the diagnostics on failure.
@@ -358,6 +382,7 @@ def lower(module: ir.Module, pipeline: Pipeline, source: str, until: str = "llvm
     """
     if until == "input":
         return module
+    drop_unused_declarations(module)
     if pipeline.custom is not None:
         if until != "llvm":
             raise ValueError(f"a custom pipeline has the stages 'input' and 'llvm', not {until!r}")
