@@ -93,3 +93,11 @@ class KernelCrashed(MemkernelError, RuntimeError):
 
 class KernelTimeout(MemkernelError, TimeoutError):
     """An isolated call ran longer than its ``timeout=``: the worker was killed, and is restarted at the next call."""
+
+
+class KernelAssertionError(MemkernelError, AssertionError):
+    """A ``cf.assert`` in the kernel failed: the user's own, or a runtime check of ``checked=True``.
+
+    The kernel stopped at the failed check; what it had written before is in the
+    arrays. The message is the assertion's, with the source line it points at.
+    """

@@ -23,12 +23,14 @@ from .allocation import OutputAllocator
 from .binders import Binder, CallState, ScalarBinder
 from .descriptors import align
 from .results import ResultReader
-from ..errors import ArgumentError, CallDepthError
+from ..compile import assertions
+from ..errors import ArgumentError, CallDepthError, KernelAssertionError
 from ..spec.shapes import ShapeRules
 from ..spec.signature import ArgSpec
 
 _WORD = 8
 _ENTRY = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_GUARD = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
 
 
 def _same_view(x: np.ndarray, y: np.ndarray) -> bool:
@@ -41,8 +43,10 @@ class _Frame:
     """One call's memory: ``args`` array, descriptor pointers, argument values, results."""
 
     def __init__(self, plan: CallPlan) -> None:
-        self.buffer = ctypes.create_string_buffer(plan.frame_size)
+        self.buffer = ctypes.create_string_buffer(plan.frame_size + assertions.FRAME_SIZE + 16)
         self.address = ctypes.addressof(self.buffer)
+        self.guard = align(self.address + plan.frame_size, 16)
+        """Where a guarded call keeps its jmp_buf and the message of a failed assertion."""
         base = self.address
         for slot, target in plan.pointer_slots:
             struct.pack_into("<Q", self.buffer, slot, base + target)
@@ -53,7 +57,10 @@ class CallPlan:
 
     def __init__(self, kernel: str, binders: Sequence[Binder], n_inputs: int, allocator: OutputAllocator,
                  shapes: ShapeRules, overlaps: Sequence[tuple[int, int]], results: Sequence[ArgSpec], address: int,
-                 keep_alive: Any) -> None:
+                 keep_alive: Any, guard: int = 0, source: str = "") -> None:
+        """``guard``, when not 0, is the compiled module's ``__memkernel_guarded`` (see
+        :mod:`memkernel.compile.assertions`): calls go through it, and a failed ``cf.assert`` is raised as a
+        KernelAssertionError showing the line of ``source`` it points at."""
         self.binders = tuple(binders)
         self._shapes = shapes
         self._overlaps = tuple(overlaps)
@@ -63,7 +70,10 @@ class CallPlan:
         self._outputs = self.binders[n_inputs:]
         self._allocator = allocator
         self._reader = ResultReader(results, self._kernel)
+        self._address = address
         self._function = _ENTRY(address)
+        self._guard = _GUARD(guard) if guard else None
+        self._source = source
         self._keep_alive = keep_alive
         self._frames: list[_Frame] = []
 
@@ -161,7 +171,7 @@ class CallPlan:
         try:
             self._values.pack_into(frame.buffer, self._values_offset, *packed)
             try:
-                self._function(frame.address)
+                failed = self._run(frame)
             except ctypes.ArgumentError as exc:
                 raise CallDepthError(
                     f"{self._kernel}(): Python's recursion limit was reached while passing the call to the "
@@ -169,11 +179,28 @@ class CallPlan:
                 ) from None
             ran = True
             results = (self._reader.read(frame.buffer, self._results_offset, state.buffers)
-                       if self._reader.results else ())
+                       if self._reader.results and failed is None else ())
         finally:
             self._frames.append(frame)
             if ran:
                 # Even when an exception (a KeyboardInterrupt) arrives right after the kernel
-                # returned, what it wrote into copies reaches the caller's arrays.
+                # returned, or the kernel stopped at a failed assertion, what it wrote into copies
+                # reaches the caller's arrays.
                 state.finish()
+        if failed is not None:
+            line = assertions.location_line(failed, self._source)
+            raise KernelAssertionError(
+                f"{self._kernel}(): the kernel stopped at a failed assertion:\n{failed}"
+                + (f"\n    {line}" if line else "")
+            )
         return outputs, results
+
+    def _run(self, frame: _Frame) -> str | None:
+        """Run the kernel on the frame's arguments; the message of a failed assertion, if one stopped it."""
+        if self._guard is None:
+            self._function(frame.address)
+            return None
+        if not self._guard(frame.guard, self._address, frame.address):
+            return None
+        message = ctypes.c_char_p.from_address(frame.guard + assertions.MESSAGE_OFFSET).value or b""
+        return message.decode(errors="replace")

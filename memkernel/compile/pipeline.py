@@ -37,6 +37,7 @@ from ..spec.dtypes import SMALL_FLOAT_NAMES, SUB_BYTE_FLOAT_BITS
 from ..errors import CompileError, SignatureError
 from .libraries import find_library
 from .presets import PRESETS, fingerprint
+from ..spec.signature import llvm_function_types
 from ..spec.source import MLIR_LOCK, shared_context
 
 DEFAULT = "default"
@@ -114,16 +115,21 @@ class Pipeline:
     """A preset name (see :mod:`memkernel.presets`), or the user's own pass pipeline text.
 
     ``schedule`` is where the module's own transform schedule is applied (see :data:`SCHEDULES`).
+    ``checked`` adds MLIR's runtime verification (``generate-runtime-verification``):
+    out-of-bounds accesses and inconsistent linalg operand shapes become failing
+    ``cf.assert`` ops, raised as :class:`~memkernel.errors.KernelAssertionError`.
     """
 
     name: str
     custom: str | None = None
     parallel: bool = False
     schedule: str | None = None
+    checked: bool = False
 
     def describe(self) -> str:
         """What identifies the pipeline in a cache key."""
         schedule = f" schedule:{self.schedule}" if self.schedule is not None else ""
+        schedule += " checked" if self.checked else ""
         if self.custom is not None:
             return self.custom + schedule
         return (f"preset {fingerprint(self.name)}" + (f" parallel:{os.cpu_count()}" if self.parallel else "")
@@ -226,22 +232,33 @@ def _check_schedule(schedule: str | None) -> None:
         )
 
 
-def parse_pipeline(pipeline: str | None, parallel: bool = False, schedule: str | None = None) -> Pipeline:
+_VERIFY = "builtin.module(generate-runtime-verification)"
+
+
+def parse_pipeline(pipeline: str | None, parallel: bool = False, schedule: str | None = None,
+                   checked: bool = False) -> Pipeline:
     """A :class:`Pipeline` for ``pipeline=``: None or a preset name, else pass pipeline text.
 
     ``parallel`` runs the parallel loops of a preset on the MLIR async runtime's
     thread pool; CompileError if that library is not installed or the pipeline is custom.
     ``schedule`` says where the module's own transform schedule is applied (see
-    :data:`SCHEDULES`); CompileError for another value.
+    :data:`SCHEDULES`); CompileError for another value. ``checked`` adds runtime
+    verification; CompileError with ``parallel``, whose worker threads a failed
+    check could not stop.
     """
     _check_schedule(schedule)
+    if checked and parallel:
+        raise CompileError(
+            "checked=True stops a kernel at its first failed check, on the thread that called it; parallel=True "
+            "runs loops on worker threads, where a failed check would abort the process. Drop one of them."
+        )
     if pipeline is None or pipeline in PRESETS:
         if parallel and find_library(ASYNC_RUNTIME) is None:
             raise CompileError(
                 "parallel=True runs parallel loops on the MLIR async runtime, libmlir_async_runtime, "
                 "which is not installed: pip install 'memkernel[runtime]'"
             )
-        return Pipeline(pipeline or DEFAULT, parallel=parallel, schedule=schedule)
+        return Pipeline(pipeline or DEFAULT, parallel=parallel, schedule=schedule, checked=checked)
     if parallel:
         raise CompileError("parallel=True applies to the preset pipelines; put the passes you want in pipeline=.")
     text = pipeline.strip()
@@ -253,7 +270,7 @@ def parse_pipeline(pipeline: str | None, parallel: bool = False, schedule: str |
     except ValueError as exc:
         presets = ", ".join(map(repr, PRESETS))
         raise CompileError(f"pipeline= does not parse as a pass pipeline or name a preset ({presets}): {exc}") from None
-    return Pipeline("custom", text, schedule=schedule)
+    return Pipeline("custom", text, schedule=schedule, checked=checked)
 
 
 def _run(text: str, module: ir.Module, source: str) -> None:
@@ -350,6 +367,27 @@ def _scheduled(module: ir.Module, pipeline: Pipeline, source: str, point: str) -
     strip_schedule(module)
 
 
+def add_llvm_c_interface(func: ir.Operation) -> None:
+    """Give an ``llvm.func`` kernel the ``_mlir_ciface_<name>`` entry a ``func.func`` gets from
+    ``llvm.emit_c_interface``: a function of the same scalar signature that calls it."""
+    name = ir.StringAttr(func.attributes["sym_name"]).value
+    inputs, outputs = llvm_function_types(func)
+    params = ", ".join(f"%a{i}: {t}" for i, t in enumerate(inputs))
+    args = ", ".join(f"%a{i}" for i in range(len(inputs)))
+    types = ", ".join(map(str, inputs))
+    if outputs:
+        result = str(outputs[0])
+        body = (f"%r = llvm.call @\"{name}\"({args}) : ({types}) -> {result}\n"
+                f"llvm.return %r : {result}")
+        returns = f" -> {result}"
+    else:
+        body, returns = f"llvm.call @\"{name}\"({args}) : ({types}) -> ()\nllvm.return", ""
+    callee = f"llvm.func @\"{name}\"({types}){returns}\n"  # parsed beside the wrapper, which refers to it
+    text = callee + f"llvm.func @\"_mlir_ciface_{name}\"({params}){returns} {{\n{body}\n}}"
+    wrapper = ir.Module.parse(text, func.context).body.operations[1]
+    func.parent.regions[0].blocks[0].append(wrapper.detach_from_parent())
+
+
 def _referenced_symbols(module: ir.Module) -> set[str]:
     names: set[str] = set()
 
@@ -387,6 +425,8 @@ def lower(module: ir.Module, pipeline: Pipeline, source: str, until: str = "llvm
         if until != "llvm":
             raise ValueError(f"a custom pipeline has the stages 'input' and 'llvm', not {until!r}")
         _scheduled(module, pipeline, source, pipeline.schedule or SCHEDULES[0])
+        if pipeline.checked:
+            _run(_VERIFY, module, source)
         _run(pipeline.custom, module, source)
         return module
     _scheduled(module, pipeline, source, "before-bufferization")
@@ -397,6 +437,8 @@ def lower(module: ir.Module, pipeline: Pipeline, source: str, until: str = "llvm
     if uses_tensors(module):
         _run(_BUFFERIZE, module, source)
     _scheduled(module, pipeline, source, "after-bufferization")
+    if pipeline.checked:
+        _run(_VERIFY, module, source)
     if until == "bufferized":
         return module
     for strategy in strategies:

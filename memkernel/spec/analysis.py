@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from mlir import ir
+
 from ..errors import SignatureError
 from .contract import BufferContract, Contract, contract_for
 from .shapes import Dim, ShapeRules, ir_rules, named_rules
@@ -47,6 +49,8 @@ class KernelSpec:
     written: frozenset[int]
     contracts: tuple[Contract, ...]
     shapes: ShapeRules
+    asserts: bool = False
+    """Whether the source holds a ``cf.assert`` (its failure is raised through the guarded call)."""
 
     @property
     def overlap_pairs(self) -> tuple[tuple[int, int], ...]:
@@ -177,6 +181,20 @@ def analyse(parsed: ParsedSource, function: Callable[..., Any], name: str) -> Ke
     )
     with MLIR_LOCK, parsed.context:
         ties, bounds = ir_rules(parsed.module, name, signature.args)
+        asserts = _has_assertions(parsed.module)
     named, names, outputs = named_rules(name, parameters, returned, signature.args)
     shapes = ShapeRules(tuple(ties + named), tuple(bounds), names, outputs)
-    return KernelSpec(name, signature, parameters, written, contracts, shapes)
+    return KernelSpec(name, signature, parameters, written, contracts, shapes, asserts)
+
+
+def _has_assertions(module: ir.Module) -> bool:
+    found: list[bool] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "cf.assert":
+            found.append(True)
+            return ir.WalkResult.INTERRUPT
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return bool(found)
