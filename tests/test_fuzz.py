@@ -150,7 +150,7 @@ def batches(draw: st.DrawFn) -> tuple[KernelCase, list[CallCase]]:
     return case, draw(st.lists(calls(case), min_size=1, max_size=8))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(batch=batches())
 def test_every_call_is_numpys_answer_or_a_named_error(worker: Worker, batch: tuple[KernelCase, list[Any]]):
     case, drawn = batch
