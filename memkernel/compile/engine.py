@@ -16,7 +16,7 @@ from ..errors import CompileError
 from .cache import Entry
 from .objects import LoadedObject, engine_libraries, engine_symbol
 from ..stdio import capture_c_stderr, may_print
-from .pipeline import Pipeline, lower
+from .pipeline import Pipeline, add_llvm_c_interface, lower
 from ..spec.source import MLIR_LOCK, ParsedSource
 from ..fastpath.emitter import FastPath, attach, lowered_function, lowered_function_type
 from ..spec.signature import Signature, read_signature
@@ -76,6 +76,9 @@ def external_functions(module: ir.Module) -> list[str]:
 
 def prepare_boundary(func: ir.Operation) -> None:
     """Give the kernel a C interface, and make its tensor arguments read-only for bufferization."""
+    if func.name == "llvm.func":
+        add_llvm_c_interface(func)
+        return
     func.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
     inputs = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value).inputs
     if any(isinstance(t, (ir.RankedTensorType, ir.UnrankedTensorType)) for t in inputs):

@@ -38,6 +38,7 @@ from ..errors import CompileError, SignatureError
 from .libraries import find_library
 from .presets import PRESETS, fingerprint
 from ..spec.signature import llvm_function_types
+from ..spec.signature import llvm_function_types
 from ..spec.source import MLIR_LOCK, shared_context
 
 DEFAULT = "default"
@@ -386,6 +387,28 @@ def add_llvm_c_interface(func: ir.Operation) -> None:
     text = callee + f"llvm.func @\"_mlir_ciface_{name}\"({params}){returns} {{\n{body}\n}}"
     wrapper = ir.Module.parse(text, func.context).body.operations[1]
     func.parent.regions[0].blocks[0].append(wrapper.detach_from_parent())
+
+
+def add_llvm_c_interface(func: ir.Operation) -> None:
+    """Give an ``llvm.func`` kernel the ``_mlir_ciface_<name>`` entry a ``func.func`` gets from
+    ``llvm.emit_c_interface``: a function of the same scalar signature that calls it."""
+    name = ir.StringAttr(func.attributes["sym_name"]).value
+    inputs, outputs = llvm_function_types(func)
+    params = ", ".join(f"%a{i}: {t}" for i, t in enumerate(inputs))
+    args = ", ".join(f"%a{i}" for i in range(len(inputs)))
+    types = ", ".join(map(str, inputs))
+    if outputs:
+        result = str(outputs[0])
+        body = (f"%r = llvm.call @\"{name}\"({args}) : ({types}) -> {result}\n"
+                f"llvm.return %r : {result}")
+        returns = f" -> {result}"
+    else:
+        body, returns = f"llvm.call @\"{name}\"({args}) : ({types}) -> ()\nllvm.return", ""
+    callee = f"llvm.func @\"{name}\"({types}){returns}\n"  # parsed beside the wrapper, which refers to it
+    text = callee + f"llvm.func @\"_mlir_ciface_{name}\"({params}){returns} {{\n{body}\n}}"
+    parsed = ir.Module.parse(text, func.context)
+    wrapper = list(parsed.body.operations)[1]
+    ir.InsertionPoint.after(func).insert(wrapper.detach_from_parent())
 
 
 def _referenced_symbols(module: ir.Module) -> set[str]:

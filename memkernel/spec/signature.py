@@ -134,9 +134,51 @@ def spec_of(t: ir.Type, where: str) -> ArgSpec:
     return ScalarSpec(str(t), _element(t, where, t))
 
 
-def read_signature(func: ir.Operation) -> Signature:
-    """Read a ``func.func`` operation's signature into a :class:`Signature`."""
+def _top_level_paren(text: str) -> int:
+    """Where the argument list of an ``!llvm.func<result (args)>`` body starts."""
+    depth = 0
+    for i, char in enumerate(text):
+        if char in "<[{" or (char == "(" and depth > 0):
+            depth += 1
+        elif char in ">]})":
+            depth -= 1
+        elif char == "(":
+            return i
+    raise ValueError(f"not an LLVM function type: {text}")
+
+
+def llvm_function_types(func: ir.Operation) -> tuple[list[ir.Type], list[ir.Type]]:
+    """An ``llvm.func`` definition's argument types and its result type (none for ``void``);
+    SignatureError if it takes variadic arguments."""
     name = ir.StringAttr(func.attributes["sym_name"]).value
+    text = str(ir.TypeAttr(func.attributes["function_type"]).value)
+    body = text.removeprefix("!llvm.func<").removesuffix(">")
+    if body.endswith("...)"):
+        raise SignatureError(f"@{name} is {text}: memkernel cannot call a function with variadic arguments.")
+    result = body[:_top_level_paren(body)].strip()
+    inputs = [arg.type for arg in func.regions[0].blocks[0].arguments]
+    return inputs, [] if result == "void" else [ir.Type.parse(result)]
+
+
+def _llvm_scalar(t: ir.Type, where: str) -> ArgSpec:
+    spec = spec_of(t, where) if element_type(t) is not None else None
+    if not isinstance(spec, ScalarSpec):
+        raise SignatureError(
+            f"{where} has type {t}: memkernel calls an llvm.func with scalar arguments and results only "
+            "(integers, floats, none); pointers and aggregates have no numpy counterpart it could check. "
+            "Write the entry as a func.func taking memrefs, or wrap the llvm.func in one."
+        )
+    return spec
+
+
+def read_signature(func: ir.Operation) -> Signature:
+    """Read a ``func.func`` operation's signature, or an ``llvm.func`` one's on scalars, into a
+    :class:`Signature`. SignatureError for a type memkernel cannot pass."""
+    name = ir.StringAttr(func.attributes["sym_name"]).value
+    if func.name == "llvm.func":
+        inputs, outputs = llvm_function_types(func)
+        return Signature(name, tuple(_llvm_scalar(t, f"@{name} argument #{i}") for i, t in enumerate(inputs)),
+                         tuple(_llvm_scalar(t, f"@{name} result #{i}") for i, t in enumerate(outputs)))
     ftype = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
     args = tuple(spec_of(t, f"@{name} argument #{i}") for i, t in enumerate(ftype.inputs))
     results = tuple(spec_of(t, f"@{name} result #{i}") for i, t in enumerate(ftype.results))

@@ -35,9 +35,11 @@ class ParsedSource:
                 if len(f.regions[0].blocks) > 0]
 
     def function(self, name: str) -> ir.Operation:
-        """The ``func.func @name`` with a body; SignatureError listing the others if absent."""
+        """The ``func.func @name`` (or ``llvm.func @name``) with a body; SignatureError listing the others if absent."""
         defined = []
-        for func in self.functions():
+        for func in self.module.body.operations:
+            if func.operation.name not in _CALLABLE:
+                continue
             func_name = ir.StringAttr(func.attributes["sym_name"]).value
             has_body = len(func.regions[0].blocks) > 0
             if func_name == name and has_body:
@@ -49,6 +51,11 @@ class ParsedSource:
             f"no func.func @{name} with a body in the MLIR source; functions defined: {listed}. "
             "Pass name= to pick one."
         )
+
+
+_CALLABLE = ("func.func", "llvm.func")
+"""The functions a kernel may be: a ``func.func``, or an ``llvm.func`` on scalars (see
+:func:`memkernel.spec.signature.read_signature`)."""
 
 
 MLIR_LOCK = threading.RLock()
