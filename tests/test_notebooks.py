@@ -122,11 +122,19 @@ def test_wrong_size_call_shows_the_shape_error_naming_the_op(tagged):
         "matmul(): a has 3 elements on dim 1 but b has 4 on dim 0; @matmul's linalg.matmul needs them equal."]
 
 
+def test_shape_function_gives_the_output_shape_the_ir_does_not(tagged):
+    assert lines(tagged, "shape-function") == ["evens(seven) = [0. 2. 4. 6.]", "matches numpy: True"]
+
+
 def test_named_dims_tie_and_their_mismatch_is_shown(tagged):
     shown = lines(tagged, "named-dims")
     assert shown[0] == "<memkernel.Kernel scale(x: memref<?xf64> (N), s: f64, y: memref<?xf64> (N))>"
     assert shown[1] == "y = [0.  2.5 5.  7.5]"
     assert shown[2] == "scale(): N is 4 from x but 3 from y (dims 0 and 0); every dim named N must have one size."
+
+
+def test_named_output_dims_are_taken_from_the_inputs(tagged):
+    assert lines(tagged, "named-output")[-1] == "matches numpy: True"
 
 
 def test_out_is_returned_and_accumulated_into(tagged):
