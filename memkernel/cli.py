@@ -684,6 +684,131 @@ example:
   memkernel bench matmul.mlir matmul --shape a=512x512 --shape b=512x512 --pipeline fast"""
 
 
+# -- run: an MLIR test file, as mlir-runner runs it -------------------------------------------
+
+RUNNER_RESULTS = ("void", "i32", "i64", "f32")
+"""The ``--entry-point-result`` types of ``mlir-runner``, which ``memkernel run`` takes too."""
+
+_RUNNER_EXAMPLE = """\
+Runs the entry (a func.func, or an llvm.func on scalars, taking no arguments) as
+`mlir-opt ... | mlir-runner -e main -entry-point-result=void` does: memkernel lowers the
+file with its default pipeline (or --pipeline), applies a transform schedule the file
+carries, links the MLIR runtime libraries it calls, and prints what the entry prints,
+then its i32/i64/f32 result as mlir-runner prints it. Options take one dash or two.
+
+example (a lit RUN line):
+  // RUN: memkernel run %s -e main -entry-point-result=void | FileCheck %s"""
+
+
+def _read_runner_source(path: str) -> str:
+    """The MLIR text of ``path`` (``-``: standard input); CommandLineError if it cannot be read."""
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        return Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise CommandLineError(f"cannot read {path}: {reason}") from None
+
+
+def _entries(parsed: ParsedSource) -> list[str]:
+    """The functions with a body that ``run`` may call: ``func.func`` and ``llvm.func``."""
+    with MLIR_LOCK, parsed.context:
+        return [ir.StringAttr(op.attributes["sym_name"]).value for op in parsed.module.body.operations
+                if op.operation.name in ("func.func", "llvm.func") and len(op.regions[0].blocks) > 0]
+
+
+def runner_kernel(source: str, path: str, entry: str, result: str, *, pipeline: str | None = None,
+                  opt_level: int = 3, shared_libs: Sequence[str] = ()) -> Kernel:
+    """The kernel ``memkernel run`` calls: ``@entry`` of ``source`` (read from ``path``), which must
+    take no arguments and return what ``result`` (one of :data:`RUNNER_RESULTS`) says.
+
+    Its printed output is captured into ``sys.stdout``/``sys.stderr``, in order with Python's.
+    Raises CommandLineError, or the kernel's MLIRSyntaxError, SignatureError or CompileError.
+    """
+    if result not in RUNNER_RESULTS:
+        raise CommandLineError(f"--entry-point-result={result}: expected one of {', '.join(RUNNER_RESULTS)}")
+    parsed = parse_source(source)
+    entry = entry.removeprefix("@")
+    entries = _entries(parsed)
+    if entry not in entries:
+        raise CommandLineError(
+            f"{path} defines no function @{entry} with a body; it defines: {', '.join(entries) or 'none'}. "
+            "Pass -e NAME.")
+
+    def no_arguments() -> None:
+        return None
+
+    no_arguments.__name__ = no_arguments.__qualname__ = entry
+    no_arguments.__signature__ = inspect.Signature()  # type: ignore[attr-defined]
+    kernel = mlir_kernel(source, name=entry, pipeline=pipeline, opt_level=opt_level, shared_libs=shared_libs,
+                         capture_output=True)(no_arguments)
+    signature = kernel.mlir_signature
+    if signature.args:
+        raise CommandLineError(
+            f"@{entry} takes {len(signature.args)} argument(s) ({', '.join(a.mlir for a in signature.args)}); "
+            "an entry point takes none, as mlir-runner calls it. Call it with `memkernel call` instead.")
+    returned = [r.mlir for r in signature.results]
+    if returned != ([] if result == "void" else [result]):
+        shown = ", ".join(returned) or "nothing"
+        fix = f"--entry-point-result={returned[0]}" if len(returned) == 1 and returned[0] in RUNNER_RESULTS \
+            else "an entry point returning nothing, i32, i64 or f32"
+        raise CommandLineError(f"@{entry} returns {shown}, but --entry-point-result={result} expects "
+                               f"{'nothing' if result == 'void' else result}; pass {fix}.")
+    return kernel
+
+
+def runner_result(value: Any, result: str) -> str | None:
+    """The line ``mlir-runner`` prints for the entry's result: integers in decimal, f32 as C's ``%e``
+    (``2.500000e+00``, ``nan``, ``INF``); None for ``void``."""
+    if result == "void":
+        return None
+    if result == "f32":
+        number = float(value)
+        if math.isnan(number):
+            return "nan"
+        if math.isinf(number):
+            return "-INF" if number < 0 else "INF"
+        return f"{number:e}"
+    return str(int(value))
+
+
+def _libraries(entries: Sequence[str]) -> list[str]:
+    """The ``--shared-libs`` values, each a comma-separated list as mlir-runner takes it."""
+    return [lib for entry in entries for lib in entry.split(",") if lib]
+
+
+def run_run(options: argparse.Namespace) -> int:
+    source = _read_runner_source(options.file)
+    path = "<stdin>" if options.file == "-" else options.file
+    kernel = runner_kernel(source, path, options.entry, options.entry_point_result, pipeline=options.pipeline,
+                           opt_level=options.opt_level, shared_libs=_libraries(options.shared_libs))
+    printed = runner_result(kernel(), options.entry_point_result)
+    if printed is not None:
+        print(printed)
+    return 0
+
+
+def add_run_command(commands: Any, common: argparse.ArgumentParser) -> None:
+    """The ``run`` subcommand: an MLIR test file's entry, run as ``mlir-runner`` runs it."""
+    run = commands.add_parser("run", parents=[common], help="run a test file's entry point as mlir-runner does",
+                              epilog=_RUNNER_EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter,
+                              description="Compile FILE.mlir and call its entry point, printing what it prints.")
+    run.add_argument("file", metavar="FILE.mlir", help="the MLIR source (- reads standard input)")
+    run.add_argument("-e", dest="entry", default="main", metavar="NAME",
+                     help="the function to call, taking no arguments (default: main)")
+    run.add_argument("-entry-point-result", "--entry-point-result", dest="entry_point_result", default="void",
+                     choices=RUNNER_RESULTS, help="what the entry returns; its value is printed (default: void)")
+    run.add_argument("-shared-libs", "--shared-libs", dest="shared_libs", action="append", default=[],
+                     metavar="LIB,...", help="libraries the code calls into: paths, or names such as "
+                                             "mlir_c_runner_utils (the MLIR runtime libraries are linked as needed)")
+    run.add_argument("-O", dest="opt_level", type=int, default=3, choices=range(4), metavar="{0,1,2,3}",
+                     help="LLVM optimization level, -O0 to -O3 (default: 3)")
+    run.add_argument("-pipeline", "--pipeline", dest="pipeline", default=None,
+                     help='a preset ("default", "fast") or a pass pipeline (default: the default preset)')
+    run.set_defaults(run=run_run)
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -728,6 +853,7 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeat", type=_positive, default=None, metavar="N",
                        help="time N batches of calls (default: as many as fit in a second)")
     bench.set_defaults(run=run_bench)
+    add_run_command(commands, common)
     return top
 
 

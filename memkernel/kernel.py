@@ -98,6 +98,8 @@ class Kernel:
         functools.update_wrapper(self, function)
         self.__dict__.pop("__wrapped__", None)
         self._function = function
+        self.decorated_at = ((function.__code__.co_filename, function.__code__.co_firstlineno)  # for reports
+                             if hasattr(function, "__code__") else None)
         self.options = KernelOptions(source, name, pipeline, opt_level, tuple(shared_libs), cache,
                                      dict(callbacks or {}), capture_output, parallel, isolate, timeout)
         self._pipeline: Pipeline = parse_pipeline(pipeline, parallel)

@@ -91,12 +91,12 @@ _BUFFERIZE = (
 _APFLOAT = "convert-arith-to-apfloat,"
 _POST = (
     "builtin.module("
+    "{apfloat}"  # first: it unrolls vector ops into vector.to_elements/from_elements, which the next lowers
     "convert-vector-to-llvm,"
     "convert-math-to-llvm,"
     "convert-math-to-libm,"
     "convert-complex-to-llvm,"
     "convert-index-to-llvm,"
-    "{apfloat}"
     "convert-arith-to-llvm,"
     "finalize-memref-to-llvm,"
     "convert-func-to-llvm,"

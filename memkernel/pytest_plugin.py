@@ -1,0 +1,308 @@
+"""memkernel's pytest plugin: options for a test session, kernels named in failures, MLIR test files as tests.
+
+Installed memkernel registers it (the ``pytest11`` entry point ``memkernel``); in a
+checkout, ``pytest -p memkernel.pytest_plugin`` loads it.
+
+``--memkernel-checked``
+    Sets ``MEMKERNEL_CHECKED=1`` for the session: kernels compile with runtime
+    verification (out-of-bounds accesses, inconsistent linalg shapes) unless they say otherwise.
+``--memkernel-isolate``
+    Sets ``MEMKERNEL_ISOLATE=1``: kernel calls run in a worker process, so a crashing
+    kernel fails its test instead of ending the session.
+``--memkernel-mlir=DIR`` (repeatable; or the ini option ``memkernel_mlir``)
+    Collects the ``.mlir`` files under DIR whose ``// RUN:`` lines run an entry point
+    (``mlir-runner``, ``mlir-cpu-runner`` or ``memkernel run``): one test per such RUN
+    line, which compiles the file with memkernel, calls the entry as ``mlir-runner``
+    does (``-e``, ``-entry-point-result``, ``-shared-libs``, ``-O``; ``--pipeline`` of a
+    ``memkernel run`` line) and checks what it prints against the file's ``CHECK``
+    lines (the RUN line's ``FileCheck --check-prefix(es)``) with the ``filecheck``
+    package. The ``mlir-opt`` part of a RUN line is not run: memkernel's own pipeline
+    lowers the file, and applies a transform schedule it carries.
+
+When a test fails with a :class:`~memkernel.errors.MemkernelError`, its report gets a
+``memkernel`` section naming the kernel and the line it was decorated at.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import linecache
+import os
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import pytest
+
+from .errors import MemkernelError
+
+_ENVIRONMENT = {"memkernel_checked": "MEMKERNEL_CHECKED", "memkernel_isolate": "MEMKERNEL_ISOLATE"}
+_SAVED = pytest.StashKey[dict[str, "str | None"]]()
+_MLIR_DIRS = pytest.StashKey[list[Path]]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("memkernel")
+    group.addoption("--memkernel-checked", action="store_true", default=False,
+                    help="compile kernels with runtime verification (sets MEMKERNEL_CHECKED=1)")
+    group.addoption("--memkernel-isolate", action="store_true", default=False,
+                    help="run kernel calls in a worker process (sets MEMKERNEL_ISOLATE=1)")
+    group.addoption("--memkernel-mlir", action="append", default=[], metavar="DIR",
+                    help="collect the .mlir files under DIR whose RUN lines run an entry point, "
+                         "and check their output against their CHECK lines")
+    parser.addini("memkernel_mlir", type="paths", default=[],
+                  help="folders of .mlir test files to collect, as --memkernel-mlir")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    saved: dict[str, str | None] = {}
+    for option, variable in _ENVIRONMENT.items():
+        if config.getoption(option):
+            saved[variable] = os.environ.get(variable)
+            os.environ[variable] = "1"
+    config.stash[_SAVED] = saved
+    folders = [Path(d).resolve() for d in config.getoption("memkernel_mlir")]
+    folders += [Path(d).resolve() for d in config.getini("memkernel_mlir")]
+    config.stash[_MLIR_DIRS] = folders
+    arguments = [Path(a.split("::")[0]).resolve() for a in config.args]
+    for folder in folders:  # a folder outside every path pytest collects from is collected too
+        if not any(folder.is_relative_to(a) for a in arguments):
+            config.args.append(str(folder))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for variable, value in config.stash.get(_SAVED, {}).items():
+        if value is None:
+            os.environ.pop(variable, None)
+        else:
+            os.environ[variable] = value
+
+
+# -- failures that name the kernel -----------------------------------------------------
+
+
+def _frames(tb: TracebackType | None) -> Iterator[Any]:
+    while tb is not None:
+        yield tb.tb_frame
+        tb = tb.tb_next
+
+
+def _site(filename: str, line: int) -> str:
+    text = linecache.getline(filename, line).strip()
+    return f"{filename}:{line}" + (f": {text}" if text else "")
+
+
+def kernel_section(error: BaseException) -> str | None:
+    """What the ``memkernel`` section of a failure report says: the kernel the error came from and
+    where it was decorated (for an error at decoration, where that happened); None if no kernel is in
+    the traceback."""
+    from .kernel import Kernel
+
+    frames = list(_frames(error.__traceback__))
+    for frame in reversed(frames):
+        kernel = frame.f_locals.get("self")
+        site = getattr(kernel, "decorated_at", None) if isinstance(kernel, Kernel) else None
+        if site is not None:
+            return f"kernel @{kernel.__name__}, decorated at {_site(*site)}"
+    package = str(Path(__file__).parent)
+    for outer, inner in zip(frames, frames[1:]):
+        if not outer.f_code.co_filename.startswith(package) and inner.f_code.co_filename.startswith(package) \
+                and inner.f_code.co_name == "decorate":
+            return f"decorating a kernel at {_site(outer.f_code.co_filename, outer.f_lineno)}"
+    return None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    error = call.excinfo.value if call.excinfo is not None else None
+    if isinstance(error, MemkernelError):
+        section = kernel_section(error)
+        if section is not None:
+            report.sections.append(("memkernel", section))
+    return report
+
+
+# -- MLIR test files ------------------------------------------------------------------------
+
+_RUN = re.compile(r"^\s*//\s*RUN:\s?(.*)$")
+_RUNNERS = ("mlir-runner", "mlir-cpu-runner")
+_LIBRARY = re.compile(r"(?:%mlir_lib_dir/(?:lib)?)?%(mlir_\w+?)(?:%shlibext)?$")
+
+
+@dataclass(frozen=True)
+class RunLine:
+    """What one RUN line of an MLIR test file asks: the entry to call and how, and the check prefixes."""
+
+    line: int
+    entry: str = "main"
+    result: str = "void"
+    shared_libs: tuple[str, ...] = ()
+    opt_level: int = 3
+    pipeline: str | None = None
+    check_prefixes: tuple[str, ...] | None = None
+
+
+def _commands(text: str) -> Iterator[tuple[int, str]]:
+    """Each RUN command of ``text`` with its first line number, continuation lines (``\\``) joined."""
+    pending, start = "", 0
+    for number, line in enumerate(text.splitlines(), start=1):
+        found = _RUN.match(line)
+        if found is None:
+            continue
+        part = found.group(1).rstrip()
+        start = start or number
+        if part.endswith("\\"):
+            pending += part[:-1] + " "
+            continue
+        yield start, pending + part
+        pending, start = "", 0
+
+
+def _library(name: str) -> str:
+    """A lit substitution for an MLIR runtime library (``%mlir_c_runner_utils``) as the name memkernel finds."""
+    found = _LIBRARY.search(name)
+    return found.group(1) if found else name
+
+
+def _option(words: list[str], i: int, *names: str) -> tuple[str, int] | None:
+    """The value of option ``names`` at ``words[i]`` (``-x=v``, ``-x v`` or ``-Xv`` for ``-O``) and the next index."""
+    word = words[i]
+    for name in names:
+        for dashes in ("-", "--"):
+            flag = dashes + name
+            if word.startswith(flag + "="):
+                return word[len(flag) + 1:], i + 1
+            if word == flag and i + 1 < len(words):
+                return words[i + 1], i + 2
+    return None
+
+
+def _runner_options(words: list[str], line: int) -> RunLine:
+    entry, result, libs, opt, pipeline = "main", "void", [], 3, None
+    i = 1
+    while i < len(words):
+        if re.fullmatch(r"-O[0-3]", words[i]):
+            opt, i = int(words[i][2]), i + 1
+            continue
+        for names in (("e",), ("entry-point-result",), ("shared-libs",), ("pipeline",)):
+            found = _option(words, i, *names)
+            if found is not None:
+                value, i = found
+                if names == ("e",):
+                    entry = value
+                elif names == ("entry-point-result",):
+                    result = value
+                elif names == ("shared-libs",):
+                    libs += [_library(lib) for lib in value.split(",") if lib]
+                else:
+                    pipeline = value
+                break
+        else:
+            i += 1
+    return RunLine(line, entry, result, tuple(libs), opt, pipeline)
+
+
+def _check_prefixes(words: list[str]) -> tuple[str, ...]:
+    prefixes: list[str] = []
+    for i in range(1, len(words)):
+        found = _option(words, i, "check-prefix", "check-prefixes")
+        if found is not None:
+            prefixes += found[0].split(",")
+    return tuple(prefixes) or ("CHECK",)
+
+
+def run_lines(text: str) -> list[RunLine]:
+    """The RUN lines of an MLIR test file that call an entry point, as :class:`RunLine` s."""
+    found = []
+    for line, command in _commands(text):
+        stages = [shlex.split(stage) for stage in command.split("|")]
+        runner = next((s for s in stages if s and (s[0] in _RUNNERS or s[:2] == ["memkernel", "run"])), None)
+        if runner is None:
+            continue
+        words = runner[1:] if runner[0] == "memkernel" else runner
+        run = _runner_options(words, line)
+        checker = next((s for s in stages if s and s[0] in ("FileCheck", "filecheck")), None)
+        prefixes = _check_prefixes(checker) if checker is not None else None
+        found.append(RunLine(run.line, run.entry, run.result, run.shared_libs, run.opt_level, run.pipeline,
+                             prefixes))
+    return found
+
+
+class MlirCheckFailure(Exception):
+    """The output of an MLIR test file's entry did not pass its CHECK lines."""
+
+
+def run_entry(path: Path, run: RunLine) -> str:
+    """What ``memkernel run`` prints for ``run``'s entry of the file at ``path``."""
+    from .cli import runner_kernel, runner_result
+
+    kernel = runner_kernel(path.read_text(), str(path), run.entry, run.result, pipeline=run.pipeline,
+                           opt_level=run.opt_level, shared_libs=run.shared_libs)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        value = kernel()
+    result = runner_result(value, run.result)
+    return printed.getvalue() + (f"{result}\n" if result is not None else "")
+
+
+def check_output(path: Path, output: str, prefixes: tuple[str, ...]) -> None:
+    """Check ``output`` against the CHECK lines of ``path`` with the ``filecheck`` package; MlirCheckFailure
+    with its report if it does not pass."""
+    command = [sys.executable, "-m", "filecheck", str(path), f"--check-prefixes={','.join(prefixes)}"]
+    checked = subprocess.run(command, input=output, capture_output=True, text=True)
+    if checked.returncode != 0:
+        raise MlirCheckFailure(f"{checked.stdout}{checked.stderr}".strip() + f"\n\nThe output was:\n{output}")
+
+
+class MlirFile(pytest.File):
+    """An MLIR test file: one :class:`MlirItem` per RUN line that calls an entry point."""
+
+    def collect(self) -> Iterator[MlirItem]:
+        runs = run_lines(self.path.read_text())
+        entries = [run.entry for run in runs]
+        for run in runs:
+            name = run.entry if entries.count(run.entry) == 1 else f"{run.entry}:line{run.line}"
+            yield MlirItem.from_parent(self, name=name, run=run)
+
+
+class MlirItem(pytest.Item):
+    """One RUN line of an MLIR test file: its entry, run and checked."""
+
+    def __init__(self, *, run: RunLine, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.run = run
+
+    def runtest(self) -> None:
+        output = run_entry(self.path, self.run)
+        if self.run.check_prefixes is not None:
+            check_output(self.path, output, self.run.check_prefixes)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
+                     style: Any = None) -> str | Any:
+        if isinstance(excinfo.value, MlirCheckFailure):
+            return f"{self.path.name}, RUN line {self.run.line} (@{self.run.entry}):\n{excinfo.value}"
+        if isinstance(excinfo.value, MemkernelError):
+            return f"{self.path.name}, RUN line {self.run.line} (@{self.run.entry}): {excinfo.value}"
+        return super().repr_failure(excinfo, style)
+
+    def reportinfo(self) -> tuple[Path, int, str]:
+        return self.path, self.run.line - 1, f"{self.path.name}::{self.name}"
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> MlirFile | None:
+    if file_path.suffix != ".mlir":
+        return None
+    folders = parent.config.stash.get(_MLIR_DIRS, [])
+    if not any(file_path.resolve().is_relative_to(folder) for folder in folders):
+        return None
+    if not run_lines(file_path.read_text()):
+        return None
+    return MlirFile.from_parent(parent, path=file_path)
