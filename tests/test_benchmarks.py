@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+# The script imports memkernel: this tree's, whichever copy is installed.
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
 
 # Every row of the --quick run (10^6-element bandwidth and sum arrays), in order: each
 # benchmark with the start of its variants' names (two end in what the machine has).
@@ -96,7 +99,7 @@ def cells(line: str) -> list[str]:
 def test_quick_run_writes_the_table(tmp_path: Path) -> None:
     report = tmp_path / "results.md"
     done = subprocess.run([sys.executable, "benchmarks/run.py", "--quick", "--markdown", str(report)],
-                          cwd=REPO, capture_output=True, text=True, timeout=240, check=False)
+                          cwd=REPO, env=ENV, capture_output=True, text=True, timeout=240, check=False)
     assert done.returncode == 0, done.stderr
     text = report.read_text(encoding="utf-8")
     for header in ["# memkernel benchmarks", "Machine: ", "numpy's BLAS: ", "## Results", "## Notes"]:
@@ -119,7 +122,7 @@ def test_quick_run_writes_the_table(tmp_path: Path) -> None:
 def test_only_runs_the_sections_named(tmp_path: Path) -> None:
     report = tmp_path / "results.md"
     done = subprocess.run([sys.executable, "benchmarks/run.py", "--quick", "--only", "sum", "--markdown",
-                           str(report)], cwd=REPO, capture_output=True, text=True, timeout=240, check=False)
+                           str(report)], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=240, check=False)
     assert done.returncode == 0, done.stderr
     text = report.read_text(encoding="utf-8")
     rows = [cells(line) for line in text.splitlines() if line.startswith("| ")][2:]
