@@ -1,60 +1,47 @@
-"""Native code the MLIR Python bindings do not reach: symbol lookups, and objects linked without MLIR.
+"""Native code the MLIR Python bindings do not reach: objects linked without MLIR, LLVM's options.
 
-``ExecutionEngine.raw_lookup`` only finds packed wrappers (``_mlir_<name>``).
-memkernel also needs the plain symbols of the fast path and its constants
-table, which the MLIR C API function ``mlirExecutionEngineLookup`` returns; it
-is called here through ctypes on the bindings' own C API library.
-
-:class:`LoadedObject` links a cached object file into its own LLJIT through
-LLVM's ORC C API, and frees that JIT when it is collected.
-:func:`engine_libraries` keeps an ExecutionEngine from tearing down a runtime
-library other kernels share when it is freed.
+:class:`LoadedObject` links a kernel's object file (from the compile worker or
+the disk cache) into its own LLJIT through LLVM's ORC C API, with the
+callbacks' symbols defined, and frees that JIT when it is collected; its
+:meth:`~LoadedObject.symbol` finds the kernel's entry points, the fast path
+and its constants table. :func:`parse_llvm_options` sets LLVM's command-line
+options. :func:`engine_libraries` keeps an ExecutionEngine from tearing down a
+runtime library other kernels share when it is freed.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import importlib.util
 import os
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
-from mlir.execution_engine import ExecutionEngine
+import mlir.ir  # noqa: F401  (loads libLLVM.so, which _llvm() then finds by its soname)
 
 
 class _StringRef(ctypes.Structure):
     _fields_ = [("data", ctypes.c_char_p), ("length", ctypes.c_size_t)]
 
 
-@functools.lru_cache(maxsize=None)
-def _capi() -> ctypes.CDLL:
-    spec = importlib.util.find_spec("mlir._mlir_libs")
-    assert spec is not None and spec.submodule_search_locations
-    folder = next(iter(spec.submodule_search_locations))
-    library = ctypes.CDLL(os.path.join(folder, "libMLIRPythonCAPI.so"))
-    library.mlirExecutionEngineLookup.restype = ctypes.c_void_p
-    library.mlirExecutionEngineLookup.argtypes = [ctypes.c_void_p, _StringRef]
-    return library
-
-
-def _engine_pointer(engine: ExecutionEngine) -> int:
-    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-    get_pointer.restype = ctypes.c_void_p
-    get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-    capsule = engine._CAPIPtr
-    return get_pointer(capsule, b"mlir.execution_engine.ExecutionEngine._CAPIPtr") or 0
-
-
-def engine_symbol(engine: ExecutionEngine, name: str) -> int:
-    """Address of symbol ``name`` in the engine's compiled module, 0 if absent."""
-    encoded = name.encode()
-    return _capi().mlirExecutionEngineLookup(_engine_pointer(engine), _StringRef(encoded, len(encoded))) or 0
-
-
 # -- loading a compiled object without MLIR: LLVM's ORC JIT through its C API ----------
 
 _P = ctypes.c_void_p
+
+
+class _SymbolFlags(ctypes.Structure):
+    _fields_ = [("generic", ctypes.c_uint8), ("target", ctypes.c_uint8)]
+
+
+class _EvaluatedSymbol(ctypes.Structure):
+    _fields_ = [("address", ctypes.c_uint64), ("flags", _SymbolFlags)]
+
+
+class _SymbolMapPair(ctypes.Structure):
+    _fields_ = [("name", _P), ("symbol", _EvaluatedSymbol)]
+
+
+_EXPORTED_CALLABLE = _SymbolFlags(1 | 4)  # LLVMJITSymbolGenericFlagsExported | LLVMJITSymbolGenericFlagsCallable
 
 
 @functools.lru_cache(maxsize=None)
@@ -75,6 +62,11 @@ def _llvm() -> ctypes.CDLL:
         "LLVMCreateMemoryBufferWithMemoryRangeCopy": ([ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p], _P),
         "LLVMOrcLLJITAddObjectFile": ([_P, _P, _P], _P),
         "LLVMOrcLLJITLookup": ([_P, ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p], _P),
+        "LLVMOrcLLJITMangleAndIntern": ([_P, ctypes.c_char_p], _P),
+        "LLVMOrcAbsoluteSymbols": ([ctypes.POINTER(_SymbolMapPair), ctypes.c_size_t], _P),
+        "LLVMOrcJITDylibDefine": ([_P, _P], _P),
+        "LLVMOrcDisposeMaterializationUnit": ([_P], None),
+        "LLVMParseCommandLineOptions": ([ctypes.c_int, ctypes.POINTER(ctypes.c_char_p), ctypes.c_char_p], None),
         "LLVMGetErrorMessage": ([_P], _P),
         "LLVMDisposeErrorMessage": ([_P], None),
         "LLVMGetHostCPUName": ([], _P),
@@ -120,13 +112,17 @@ def _dispose(jit: ctypes.c_void_p) -> None:
 class LoadedObject:
     """A relocatable object linked into its own LLJIT instance, against the process and ``libraries``.
 
+    ``symbols`` maps names the object refers to (the ``_mlir_ciface_<name>``
+    of Python callbacks) to the addresses they resolve to, ahead of the process
+    and the libraries.
+
     The JIT, and with it the object's code, lives as long as this object: it is
     freed (``LLVMOrcDisposeLLJIT``) when this object is collected, so whoever
     calls the code must hold this object. It is not freed at interpreter exit.
     Raises ObjectLoadError if LLVM cannot create the JIT or load the object.
     """
 
-    def __init__(self, code: bytes, libraries: tuple[str, ...]) -> None:
+    def __init__(self, code: bytes, libraries: tuple[str, ...], symbols: Mapping[str, int] | None = None) -> None:
         llvm = _llvm()
         self._jit = _P()
         _check(llvm.LLVMOrcCreateLLJIT(ctypes.byref(self._jit), None))
@@ -141,14 +137,56 @@ class LoadedObject:
             _check(llvm.LLVMOrcCreateDynamicLibrarySearchGeneratorForPath(
                 ctypes.byref(generator), path.encode(), b"\0", None, None))
             llvm.LLVMOrcJITDylibAddGenerator(dylib, generator)
+        if symbols:
+            self._define(dylib, symbols)
         buffer = llvm.LLVMCreateMemoryBufferWithMemoryRangeCopy(code, len(code), b"memkernel")
         _check(llvm.LLVMOrcLLJITAddObjectFile(self._jit, dylib, buffer))
+
+    def _define(self, dylib: int, symbols: Mapping[str, int]) -> None:
+        """Define ``symbols`` (name to address: functions the object calls) in ``dylib``, before the object."""
+        llvm = _llvm()
+        pairs = (_SymbolMapPair * len(symbols))(*(
+            _SymbolMapPair(llvm.LLVMOrcLLJITMangleAndIntern(self._jit, name.encode()),
+                           _EvaluatedSymbol(address, _EXPORTED_CALLABLE))
+            for name, address in symbols.items()))
+        unit = llvm.LLVMOrcAbsoluteSymbols(pairs, len(symbols))  # takes the interned names
+        error = llvm.LLVMOrcJITDylibDefine(dylib, unit)
+        if error:  # the unit is still ours
+            llvm.LLVMOrcDisposeMaterializationUnit(unit)
+        _check(error)
 
     def symbol(self, name: str) -> int:
         """Address of ``name``; ObjectLoadError if it is missing or does not link."""
         address = ctypes.c_uint64()
         _check(_llvm().LLVMOrcLLJITLookup(self._jit, ctypes.byref(address), name.encode()))
         return address.value
+
+
+_PARSE_COMMAND_LINE = ("_ZN4llvm2cl23ParseCommandLineOptionsEiPKPKcNS_9StringRefEPNS_11raw_ostreamEPNS_3vfs10"
+                       "FileSystemES2_b")
+"""``llvm::cl::ParseCommandLineOptions`` of LLVM 22, which reports whether the options parsed; the C API's
+``LLVMParseCommandLineOptions`` ignores unknown options without a word."""
+
+
+def parse_llvm_options(options: Sequence[str]) -> bool:
+    """Set LLVM's command-line options (``-enable-matrix``...) for this process, for good.
+
+    They are process-global, and LLVM parses them once: call this at most once
+    per process, before any compilation. Returns False, LLVM's reason written
+    on stderr, if LLVM does not know an option or its value.
+    """
+    llvm = _llvm()
+    arguments = [b"memkernel", *(option.encode() for option in options)]
+    argv = (ctypes.c_char_p * len(arguments))(*arguments)
+    if not hasattr(llvm, _PARSE_COMMAND_LINE):  # another LLVM: options parse, unknown ones are ignored
+        llvm.LLVMParseCommandLineOptions(len(arguments), argv, None)
+        return True
+    parse = getattr(llvm, _PARSE_COMMAND_LINE)
+    parse.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p), _StringRef, _P, _P, ctypes.c_char_p,
+                      ctypes.c_bool]
+    parse.restype = ctypes.c_bool
+    llvm._ZN4llvm4errsEv.restype = _P  # llvm::errs(): errors are written there and returned, not exit(1)
+    return bool(parse(len(arguments), argv, _StringRef(b"", 0), llvm._ZN4llvm4errsEv(), None, None, False))
 
 
 # -- libraries an ExecutionEngine must not own ------------------------------------------
