@@ -28,16 +28,32 @@ from .call.plan import CallPlan
 from .compile import cache as kernel_cache
 from .compile import libraries
 from .compile.cache import Entry
-from .compile.engine import CompiledFunction, compile_function, load_function, lower_kernel
+from .compile import worker as compile_worker
+from .compile.engine import CompiledFunction, compile_function, load_function, lowered_text
 from .compile.objects import ObjectLoadError
 from .compile.pipeline import STAGES, Pipeline, check_before_lowering, parse_pipeline
 from .compile.translate import to_llvm_ir
+from .errors import ArgumentError
 from .fastpath import abi
 from .fastpath.builtin import FastFunction
 from .fastpath.emitter import FastPath, fast_path
 from .spec.analysis import KernelSpec, analyse, default_name
 from .spec.signature import MemRefSpec, Signature
 from .spec.source import MLIR_LOCK, parse_source
+
+
+def _checked_llvm_options(options: Sequence[str]) -> tuple[str, ...]:
+    """``llvm_options=`` as a tuple; ArgumentError unless it is a sequence of options starting with '-'."""
+    if isinstance(options, (str, bytes)) or not isinstance(options, Sequence):
+        raise ArgumentError(
+            "mlir_kernel(): llvm_options expects a sequence of LLVM options such as ('-enable-matrix',); "
+            f"got {type(options).__name__} {options!r}. Pass a tuple of strings: llvm_options=({options!r},).")
+    for option in options:
+        if not isinstance(option, str) or not option.startswith("-"):
+            raise ArgumentError(
+                "mlir_kernel(): llvm_options expects LLVM options, each a str starting with '-' such as "
+                f"'-enable-matrix'; got {option!r} in {tuple(options)!r}.")
+    return tuple(options)
 
 
 @dataclass(frozen=True)
@@ -55,13 +71,14 @@ class KernelOptions:
     parallel: bool
     isolate: bool | None = None
     timeout: float | None = None
+    llvm_options: tuple[str, ...] = ()
 
     def decorator(self) -> Callable[[Callable[..., Any]], Kernel]:
         """The :func:`mlir_kernel` decorator these options make."""
         return mlir_kernel(self.source, name=self.name, pipeline=self.pipeline, opt_level=self.opt_level,
                            shared_libs=self.shared_libs, cache=self.cache, callbacks=self.callbacks or None,
                            capture_output=self.capture_output, parallel=self.parallel,
-                           isolate=self.isolate, timeout=self.timeout)
+                           isolate=self.isolate, timeout=self.timeout, llvm_options=self.llvm_options)
 
 
 class Kernel:
@@ -94,14 +111,17 @@ class Kernel:
         parallel: bool = False,
         isolate: bool | None = None,
         timeout: float | None = None,
+        llvm_options: Sequence[str] = (),
     ) -> None:
         functools.update_wrapper(self, function)
         self.__dict__.pop("__wrapped__", None)
         self._function = function
         self.decorated_at = ((function.__code__.co_filename, function.__code__.co_firstlineno)  # for reports
                              if hasattr(function, "__code__") else None)
+        self._llvm_options = _checked_llvm_options(llvm_options)
         self.options = KernelOptions(source, name, pipeline, opt_level, tuple(shared_libs), cache,
-                                     dict(callbacks or {}), capture_output, parallel, isolate, timeout)
+                                     dict(callbacks or {}), capture_output, parallel, isolate, timeout,
+                                     self._llvm_options)
         self._pipeline: Pipeline = parse_pipeline(pipeline, parallel)
         if not isinstance(opt_level, int) or not 0 <= opt_level <= 3:
             raise ValueError(f"opt_level must be 0, 1, 2 or 3, got {opt_level!r}")
@@ -192,10 +212,10 @@ class Kernel:
         """The compiled kernel: from this process's cache, from the disk cache, or compiled now."""
 
         def compile_now(keep_object: bool) -> tuple[CompiledFunction, Entry | None]:
-            # Lower a fresh parse: a failed attempt must not leave a half-lowered module behind.
-            compiled = compile_function(parse_source(self._source), self._name, self._pipeline,
-                                        self._opt_level, self._shared_libs, fast_spec, keep_object,
-                                        {name: bound.address for name, bound in self._callbacks.items()})
+            compiled = compile_function(self._source, self._name, self._pipeline, self._opt_level,
+                                        self._shared_libs, fast_spec, keep_object,
+                                        {name: bound.address for name, bound in self._callbacks.items()},
+                                        self._llvm_options)
             return compiled, compiled.entry
 
         def load_entry(entry: Entry) -> CompiledFunction | None:
@@ -214,6 +234,7 @@ class Kernel:
                 opt_level=self._opt_level,
                 shared_libs=list(self._shared_libs),
                 fast_path=hashlib.sha256(fast_spec.text.encode()).hexdigest() if fast_spec else None,
+                llvm_options=list(self._llvm_options),
             )
         return kernel_cache.get_or_compile(key, compile_now, load_entry)
 
@@ -224,14 +245,13 @@ class Kernel:
 
         Stages (see :data:`memkernel.compile.pipeline.STAGES`): ``"input"``, ``"bufferized"``,
         ``"vectorized"``, ``"loops"``, ``"llvm"``; a custom ``pipeline=`` has ``"input"`` and ``"llvm"``.
-        Raises ValueError for another stage, CompileError if lowering fails.
+        The lowering runs in the compile worker (see :mod:`memkernel.compile.worker`).
+        Raises ValueError for another stage, CompileError if lowering fails or aborts.
         """
         if stage not in STAGES:
             raise ValueError(f"stage must be one of {', '.join(map(repr, STAGES))}, not {stage!r}")
-        parsed = parse_source(self._source)
-        lower_kernel(parsed, self._name, self._pipeline, self._callbacks, stage)
-        with MLIR_LOCK:
-            return str(parsed.module)
+        return compile_worker.run(self._llvm_options, f"lowering @{self._name} to stage {stage!r}", lowered_text,
+                                  self._source, self._name, self._pipeline, tuple(self._callbacks), stage)
 
     def llvm_ir(self) -> str:
         """The LLVM IR the kernel is compiled from (needs ``memkernel[runtime]`` for ``mlir-translate``)."""
@@ -292,6 +312,7 @@ def mlir_kernel(
     parallel: bool = False,
     isolate: bool | None = None,
     timeout: float | None = None,
+    llvm_options: Sequence[str] = (),
 ) -> Callable[[Callable[..., Any]], Kernel]:
     """Turn a Python function into a call of the MLIR ``func.func`` it names.
 
@@ -324,6 +345,11 @@ def mlir_kernel(
     crashes raises KernelCrashed instead of killing this process, and
     ``timeout`` (seconds) bounds an isolated call (KernelTimeout); None (the
     default) isolates when ``$MEMKERNEL_ISOLATE`` is set (see :mod:`memkernel.isolate`).
+    ``llvm_options`` are LLVM command-line options for code generation, such
+    as ``("-enable-matrix",)`` for ``llvm.intr.matrix.*``. Lowering and code
+    generation run in a compile worker process, one per set of options (see
+    :mod:`memkernel.compile.worker`), so an abort in MLIR or LLVM is a
+    CompileError and never ends this process.
 
     Raises MLIRSyntaxError, SignatureError or CompileError (a bad pipeline or
     library) at decoration; the returned :class:`Kernel` raises ArgumentError,
@@ -333,7 +359,8 @@ def mlir_kernel(
     def decorate(function: Callable[..., Any]) -> Kernel:
         return Kernel(function, source, name=name, pipeline=pipeline, opt_level=opt_level,
                       shared_libs=shared_libs, cache=cache, callbacks=callbacks,
-                      capture_output=capture_output, parallel=parallel, isolate=isolate, timeout=timeout)
+                      capture_output=capture_output, parallel=parallel, isolate=isolate, timeout=timeout,
+                      llvm_options=llvm_options)
 
     return decorate
 

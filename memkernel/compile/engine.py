@@ -1,8 +1,15 @@
-"""Lowering a parsed kernel module and JIT-compiling it into a callable address."""
+"""Lowering a kernel and compiling it into object code (in the compile worker), and linking that code here.
+
+:func:`compile_function` sends the work to the compile worker (see
+:mod:`memkernel.compile.worker`), which runs :func:`object_code` or
+:func:`lowered_text`; the caller links the object with :func:`load_function`,
+as it links a disk cache entry.
+"""
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import tempfile
 from collections.abc import Collection, Mapping, Sequence
@@ -11,13 +18,14 @@ from dataclasses import dataclass
 from mlir import ir
 from mlir.execution_engine import ExecutionEngine
 
-from . import libraries
+from . import libraries, worker
 from ..errors import CompileError
 from .cache import Entry
-from .objects import LoadedObject, engine_libraries, engine_symbol
-from ..stdio import capture_c_stderr, may_print
+from .objects import LoadedObject, ObjectLoadError, engine_libraries
+from ..stdio import may_print
 from .pipeline import Pipeline, add_llvm_c_interface, lower
-from ..spec.source import MLIR_LOCK, ParsedSource
+from ..spec.source import MLIR_LOCK, ParsedSource, parse_source
+from .worker import stderr_written
 from ..fastpath.emitter import FastPath, attach, lowered_function, lowered_function_type
 from ..spec.signature import Signature, read_signature
 
@@ -26,8 +34,7 @@ from ..spec.signature import Signature, read_signature
 class CompiledFunction:
     """A compiled kernel: what owns the code, and its entry points.
 
-    ``owner`` is the ExecutionEngine (or, for a cached kernel, the
-    :class:`~memkernel.jit.LoadedObject`) that keeps the code mapped.
+    ``owner`` is the :class:`~memkernel.compile.objects.LoadedObject` that keeps the code mapped.
     ``address`` is ``_mlir__mlir_ciface_<name>(void** args)``: ``args[i]`` points at
     argument ``i`` (a memref argument is a pointer to its descriptor).
     ``fast_address`` and ``consts_address`` are the fast path's function and
@@ -44,12 +51,14 @@ class CompiledFunction:
     may_print: bool
 
 
-def load_function(entry: Entry, name: str, fast: FastPath | None) -> CompiledFunction:
-    """A kernel from a disk cache entry, linked without running MLIR or LLVM codegen.
+def load_function(entry: Entry, name: str, fast: FastPath | None,
+                  symbols: Mapping[str, int] | None = None) -> CompiledFunction:
+    """A kernel from its object code (a disk cache entry, or what the compile worker made), linked here.
 
+    ``symbols`` defines names the object calls (callbacks' ``_mlir_ciface_<name>``).
     Raises ObjectLoadError if LLVM cannot load or link it.
     """
-    loaded = LoadedObject(entry.code, entry.libraries)
+    loaded = LoadedObject(entry.code, entry.libraries, symbols)
     address = loaded.symbol(f"_mlir__mlir_ciface_{name}")
     if fast is None or not entry.fast:
         return CompiledFunction(loaded, address, 0, 0, entry, entry.may_print)
@@ -92,8 +101,8 @@ def prepare_boundary(func: ir.Operation) -> None:
         func.attributes["arg_attrs"] = ir.ArrayAttr.get(attrs)
 
 
-def _with_stderr(message: str, stderr: str) -> str:
-    stderr = stderr.strip()
+def _with_stderr(message: str, written: list[str]) -> str:
+    stderr = "".join(written).strip()
     return f"{message}\nMLIR reported:\n{stderr}" if stderr else message
 
 
@@ -130,8 +139,78 @@ def check_lowered_signature(module: ir.Module, signature: Signature) -> None:
         )
 
 
+@dataclass(frozen=True)
+class ObjectCode:
+    """What the compile worker makes of a kernel: its relocatable object, whether it holds the fast
+    path, and the functions it calls that it does not define (the process that links it finds them)."""
+
+    code: bytes
+    fast: bool
+    externals: tuple[str, ...]
+
+
+def _placeholder() -> ctypes.c_void_p:
+    """An address for the symbols the worker cannot resolve: the object is linked in the caller, never run here."""
+    return ctypes.c_void_p(ctypes.cast(ctypes.CDLL(None).abort, ctypes.c_void_p).value)
+
+
+def object_code(source: str, name: str, pipeline: Pipeline, opt_level: int, shared_libs: tuple[str, ...],
+                fast: FastPath | None, callbacks: tuple[str, ...]) -> ObjectCode:
+    """In the compile worker: parse, lower and compile ``source``'s kernel ``name`` into object code.
+
+    ``fast``, when given, is compiled into the same module (if the lowered
+    signature allows it). ``callbacks`` are declarations bound to Python
+    functions, which the caller defines when it links the object. Raises
+    CompileError with MLIR's diagnostics (and what LLVM wrote on stderr).
+    """
+    parsed = parse_source(source)
+    with MLIR_LOCK, parsed.context, ir.Location.unknown():
+        signature = read_signature(parsed.function(name))
+        lower_kernel(parsed, name, pipeline, callbacks)
+        check_lowered_signature(parsed.module, signature)
+        if fast is not None:
+            attach(parsed.module, fast)
+        defined_later = {f"_mlir_ciface_{callback}" for callback in callbacks}
+        externals = [f for f in external_functions(parsed.module) if f not in defined_later]
+        added, unresolved = libraries.libraries_for(externals, shared_libs)
+        libs = (*shared_libs, *added)
+        failure, address = None, 0
+        with stderr_written() as stderr:
+            try:
+                engine = ExecutionEngine(parsed.module, opt_level=opt_level, shared_libs=engine_libraries(libs))
+                for symbol in (*defined_later, *unresolved):
+                    engine.raw_register_runtime(symbol, _placeholder())
+                address = engine.raw_lookup("_mlir_ciface_" + name)
+            except RuntimeError as exc:
+                failure = str(exc)
+    if failure is not None:
+        raise CompileError(_with_stderr(f"JIT compilation of @{name} failed: {failure}", stderr))
+    if not address:
+        raise CompileError(_with_stderr(
+            f"JIT compilation of @{name} failed: its code did not link. A function it calls "
+            "may be missing: pass the library that defines it in shared_libs=.", stderr))
+    return ObjectCode(_object_code(engine), fast is not None, tuple(externals))
+
+
+def lowered_text(source: str, name: str, pipeline: Pipeline, callbacks: tuple[str, ...], stage: str) -> str:
+    """In the compile worker: ``source`` with its kernel ``name`` lowered up to ``stage``, as MLIR text."""
+    parsed = parse_source(source)
+    lower_kernel(parsed, name, pipeline, callbacks, stage)
+    with MLIR_LOCK:
+        return str(parsed.module)
+
+
+def _unresolved_error(name: str, unresolved: Sequence[str]) -> CompileError:
+    return CompileError(
+        f"@{name} calls {', '.join(unresolved)}, which no linked library defines. Bind a "
+        "declaration to Python with callbacks={name: function}; pass the library that defines "
+        "it in shared_libs=; the MLIR runtime libraries (memrefCopy, printMemref*, the APFloat "
+        "routines of f8 arithmetic) come with: pip install 'memkernel[runtime]'."
+    )
+
+
 def compile_function(
-    parsed: ParsedSource,
+    source: str,
     name: str,
     pipeline: Pipeline,
     opt_level: int,
@@ -139,53 +218,27 @@ def compile_function(
     fast: FastPath | None = None,
     keep_object: bool = False,
     callbacks: Mapping[str, int] | None = None,
+    llvm_options: Sequence[str] = (),
 ) -> CompiledFunction:
-    """Lower ``parsed`` in place with ``pipeline`` and JIT it; CompileError with MLIR's diagnostics on failure.
+    """Compile ``source``'s kernel ``name`` in the compile worker and link it here.
 
     ``fast``, when given, is compiled into the same module (if the lowered
     signature allows it). With ``keep_object`` the result carries the object
     code for the disk cache. ``callbacks`` maps declarations to the addresses
-    of the functions that define them (see :mod:`memkernel.callbacks`).
+    of the functions that define them (see :mod:`memkernel.call.callbacks`).
+    ``llvm_options`` picks the worker (see :mod:`memkernel.compile.worker`).
+    CompileError with MLIR's diagnostics on failure, or if the worker crashed.
     """
     callbacks = callbacks or {}
-    with MLIR_LOCK, parsed.context, ir.Location.unknown():
-        signature = read_signature(parsed.function(name))
-        lower_kernel(parsed, name, pipeline, callbacks)
-        check_lowered_signature(parsed.module, signature)
-        with_fast = fast is not None
-        if fast is not None:
-            attach(parsed.module, fast)
-        defined_here = {f"_mlir_ciface_{callback}" for callback in callbacks}
-        externals = [f for f in external_functions(parsed.module) if f not in defined_here]
-        added, unresolved = libraries.libraries_for(externals, shared_libs)
-        printing = may_print(externals)
-        if unresolved:
-            raise CompileError(
-                f"@{name} calls {', '.join(unresolved)}, which no linked library defines. Bind a "
-                "declaration to Python with callbacks={name: function}; pass the library that defines "
-                "it in shared_libs=; the MLIR runtime libraries (memrefCopy, printMemref*, the APFloat "
-                "routines of f8 arithmetic) come with: pip install 'memkernel[runtime]'."
-            )
-        libs = (*shared_libs, *added)
-        failure = None
-        with capture_c_stderr() as stderr:
-            try:
-                engine = ExecutionEngine(parsed.module, opt_level=opt_level, shared_libs=engine_libraries(libs))
-                for callback, callback_address in callbacks.items():
-                    engine.raw_register_runtime(f"_mlir_ciface_{callback}", ctypes.c_void_p(callback_address))
-                address = engine.raw_lookup("_mlir_ciface_" + name)
-            except RuntimeError as exc:
-                failure = str(exc)
-        if failure is not None:
-            raise CompileError(_with_stderr(f"JIT compilation of @{name} failed: {failure}", stderr[0]))
-        if not address:
-            raise CompileError(_with_stderr(
-                f"JIT compilation of @{name} failed: its code did not link. A function it calls "
-                "may be missing: pass the library that defines it in shared_libs=.", stderr[0]))
-        engine.initialize()
-        entry = Entry(_object_code(engine), libs, with_fast, printing) if keep_object else None
-        if not with_fast:
-            return CompiledFunction(engine, address, 0, 0, entry, printing)
-        assert fast is not None
-        return CompiledFunction(engine, address, engine_symbol(engine, fast.function),
-                                engine_symbol(engine, fast.consts), entry, printing)
+    made = worker.run(llvm_options, f"compiling @{name}", object_code, source, name, pipeline, opt_level,
+                      tuple(shared_libs), fast, tuple(callbacks))
+    added, unresolved = libraries.libraries_for(made.externals, shared_libs)
+    if unresolved:
+        raise _unresolved_error(name, unresolved)
+    entry = Entry(made.code, (*shared_libs, *added), made.fast, may_print(made.externals))
+    try:
+        compiled = load_function(entry, name, fast, {f"_mlir_ciface_{c}": a for c, a in callbacks.items()})
+    except ObjectLoadError as exc:
+        raise CompileError(f"JIT compilation of @{name} failed: its code did not link: {exc}. A function it "
+                           "calls may be missing: pass the library that defines it in shared_libs=.") from None
+    return compiled if keep_object else dataclasses.replace(compiled, entry=None)

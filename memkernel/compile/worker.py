@@ -1,0 +1,393 @@
+"""Compilation in a worker process: an abort in MLIR or LLVM ends the worker, never the caller.
+
+The LLVM build memkernel runs on has assertions on, and a pass bug or a
+construct LLVM does not support aborts the process that compiles (SIGABRT,
+or an "LLVM ERROR" and exit). So lowering, LLVM code generation and
+:meth:`~memkernel.Kernel.ir` run in a compile worker: a fresh Python
+(``python -c 'from memkernel.compile.worker import main; main()'``) that
+imports the MLIR bindings once and serves requests, one at a time, over a
+pipe. It returns the kernel's relocatable object, which the caller links with
+:class:`~memkernel.compile.objects.LoadedObject` (as it links a disk cache
+entry), or the error the request raised.
+
+A worker that dies during a request becomes a CompileError naming the signal
+(or exit status) and carrying the last lines it wrote on stderr, which is
+where LLVM puts an assertion's text; the next request starts a new worker.
+The first request of a process starts its worker, so a process that finds
+all its kernels in the caches never starts one.
+
+LLVM's command-line options (``llvm_options=``) are process-global, so each
+set of options has a worker of its own, which sets them once at start. A
+worker ends when the caller closes its end of the pipe: at the caller's exit
+or death. It runs in a session of its own, so a Ctrl-C in the terminal
+reaches only the caller, which then ends the worker. A forked child starts its
+own workers.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import fcntl
+import importlib
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import IO, Any, TypeVar
+
+from ..errors import CompileError
+
+T = TypeVar("T")
+
+TAIL_LINES = 20
+"""How many of the last lines a crashed worker wrote on stderr its CompileError carries."""
+
+_TAIL_BYTES = 64 << 10
+_REPLIED_BYTES = 4 << 20
+_BOOTSTRAP = "from memkernel.compile.worker import main; main()"
+
+
+class _Died(Exception):
+    """The worker process ended before it replied."""
+
+
+def _appending_file() -> IO[bytes]:
+    file = tempfile.TemporaryFile()
+    fcntl.fcntl(file.fileno(), fcntl.F_SETFL, fcntl.fcntl(file.fileno(), fcntl.F_GETFL) | os.O_APPEND)
+    return file
+
+
+def _last(fd: int, limit: int) -> str:
+    """The last ``limit`` bytes of the file open as ``fd``, as text."""
+    size = os.fstat(fd).st_size
+    start = max(0, size - limit)
+    return os.pread(fd, size - start, start).decode(errors="replace")
+
+
+def _tail(fd: int) -> str:
+    """The last :data:`TAIL_LINES` lines of the file open as ``fd``."""
+    return "\n".join(_last(fd, _TAIL_BYTES).splitlines()[-TAIL_LINES:])
+
+
+def _environment() -> dict[str, str]:
+    """The caller's environment, with the folder this memkernel comes from first on the path, and
+    LLVM's crash handler kept from looking for a symbolizer."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = os.environ.get("PYTHONPATH", "")
+    return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else ""),
+            "LLVM_DISABLE_SYMBOLIZATION": "1", "LLVM_DISABLE_CRASH_REPORT": "1"}
+
+
+def _spawn(options: tuple[str, ...], stderr: IO[bytes]) -> subprocess.Popen[bytes]:
+    """Start a worker process that sets LLVM ``options``."""
+    return subprocess.Popen([sys.executable, "-c", _BOOTSTRAP, *options], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=stderr, start_new_session=True, env=_environment())
+
+
+def _options_text(options: tuple[str, ...]) -> str:
+    return f" with llvm_options={options!r}" if options else ""
+
+
+class _Process:
+    """One running worker: its pipes and the file its stderr goes to."""
+
+    def __init__(self, options: tuple[str, ...]) -> None:
+        self.options = options
+        self.stderr = _appending_file()
+        try:
+            self.popen = _spawn(options, self.stderr)
+        except OSError as exc:
+            self.stderr.close()
+            raise CompileError(f"memkernel could not start its compile worker ({sys.executable}): {exc}") from None
+        assert self.popen.stdin is not None and self.popen.stdout is not None
+        self.requests, self.replies = self.popen.stdin, self.popen.stdout
+        self.ready = False
+
+    def exchange(self, request: Any) -> tuple[str, Any, str]:
+        """Send ``request`` and read the reply; _Died if the worker ended first."""
+        try:
+            if not self.ready:
+                self._receive()
+                self.ready = True
+            pickle.dump(request, self.requests, protocol=pickle.HIGHEST_PROTOCOL)
+            self.requests.flush()
+            return self._receive()
+        except (EOFError, OSError, pickle.UnpicklingError):
+            raise _Died() from None
+
+    def _receive(self) -> tuple[str, Any, str]:
+        reply: tuple[str, Any, str] = pickle.load(self.replies)
+        return reply
+
+    def death(self) -> str:
+        """How the worker ended, once it has: the signal or exit status and its last lines on stderr."""
+        try:
+            status = self.popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.end()
+            status = self.popen.wait()
+        if status < 0:
+            how = f"was killed by {signal.Signals(-status).name}"
+        else:
+            how = f"exited with status {status}"
+        tail = _tail(self.stderr.fileno())
+        said = "\n".join(f"  {line}" for line in tail.splitlines()) if tail else "  (nothing)"
+        self.close()
+        return f"{how}. Its last lines on stderr:\n{said}"
+
+    def end(self) -> None:
+        """Kill the worker now."""
+        if self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait()
+        self.close()
+
+    def close(self) -> None:
+        """Close the pipes (which ends an idle worker) and the stderr file."""
+        for file in (self.requests, self.replies, self.stderr):
+            with contextlib.suppress(OSError):
+                file.close()
+
+
+class CompileWorker:
+    """The worker for one set of LLVM options: started at the first request, again after a crash.
+
+    Requests from several threads are served one at a time.
+    """
+
+    def __init__(self, options: tuple[str, ...]) -> None:
+        self.options = options
+        self._lock = threading.Lock()
+        self._process: _Process | None = None
+
+    def run(self, what: str, function: Callable[..., T], *args: Any) -> T:
+        """``function(*args)`` run in the worker (both must pickle; the function by name).
+
+        Returns its result or raises the exception it raised. CompileError if
+        the worker dies meanwhile, with ``what`` (e.g. ``"compiling @k"``)
+        naming the work, the signal and the worker's last lines on stderr.
+        Anything else that interrupts the wait (a KeyboardInterrupt) ends the worker.
+        """
+        with self._lock:
+            process = self._process or _Process(self.options)
+            self._process = process
+            try:
+                status, value, stderr = process.exchange((function, args))
+            except _Died:
+                self._process = None
+                raise CompileError(self._crashed(what, process.death(), process.ready)) from None
+            except BaseException:
+                self._process = None
+                process.end()
+                raise
+        _report(stderr, failed=status != "ok")
+        if status != "ok":
+            raise value
+        return value  # type: ignore[no-any-return]
+
+    def _crashed(self, what: str, death: str, started: bool) -> str:
+        options = _options_text(self.options)
+        if not started:
+            return (f"memkernel's compile worker{options} {death}\nIt ended before it could compile; if LLVM "
+                    "refused an option above, fix or drop it in llvm_options=.")
+        return (f"{what} crashed the compile worker{options}: it {death}\nMLIR or LLVM aborted on this "
+                "kernel (a bug, or a construct it does not support); this process is unharmed and the next "
+                "compile starts a new worker. Change the kernel or pipeline=, or, for LLVM features behind an "
+                "option (llvm.intr.matrix.* needs -enable-matrix), pass llvm_options=.")
+
+    def close(self) -> None:
+        """End the worker: closing its pipe ends its loop."""
+        with self._lock:
+            process, self._process = self._process, None
+        if process is not None:
+            process.close()
+            try:
+                process.popen.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                process.end()
+
+    def pid(self) -> int | None:
+        """The process id of the running worker, or None when none runs."""
+        process = self._process
+        return process.popen.pid if process is not None and process.popen.poll() is None else None
+
+
+def _report(stderr: str, *, failed: bool) -> None:
+    """Pass on what the worker wrote on stderr during a request, as a compile in this process would.
+
+    A failed compile's text is already in its error; it goes, as a compile's
+    C stderr does, to a kernel-output capture in place (see
+    :func:`memkernel.stdio.capture_c_stderr`). What a successful one wrote
+    (LLVM's own reports, asked for with ``llvm_options=``) goes to ``sys.stderr``.
+    """
+    if not stderr:
+        return
+    if failed:
+        from ..stdio import capture_c_stderr
+
+        with capture_c_stderr():
+            os.write(2, stderr.encode())
+    else:
+        sys.stderr.write(stderr)
+        sys.stderr.flush()
+
+
+_workers: dict[tuple[str, ...], CompileWorker] = {}
+_workers_lock = threading.Lock()
+
+
+def worker(options: Sequence[str] = ()) -> CompileWorker:
+    """The process's compile worker for LLVM ``options`` (a worker is started by its first request)."""
+    key = tuple(options)
+    with _workers_lock:
+        if key not in _workers:
+            _workers[key] = CompileWorker(key)
+        return _workers[key]
+
+
+def in_process() -> bool:
+    """Whether ``$MEMKERNEL_COMPILE_WORKER`` is ``0``: compile in this process, where an abort ends it.
+
+    For debugging the compilation itself (a debugger, a patched pass or preset).
+    """
+    return os.environ.get("MEMKERNEL_COMPILE_WORKER", "").strip() == "0"
+
+
+_set_here: tuple[str, ...] = ()
+
+
+def _run_here(options: tuple[str, ...], function: Callable[..., T], args: tuple[Any, ...]) -> T:
+    global _set_here
+    with _workers_lock:
+        if options and options != _set_here:
+            if _set_here:
+                raise CompileError(
+                    f"LLVM options are set once per process: this one compiles with llvm_options={_set_here!r} "
+                    f"and cannot switch to {options!r}. Unset MEMKERNEL_COMPILE_WORKER to compile in workers.")
+            from .objects import parse_llvm_options
+
+            if not parse_llvm_options(options):
+                raise CompileError(f"LLVM refused llvm_options={options!r}; its reason is on stderr above.")
+            _set_here = options
+    return function(*args)
+
+
+def run(options: Sequence[str], what: str, function: Callable[..., T], *args: Any) -> T:
+    """``function(*args)`` in the compile worker for LLVM ``options`` (see :meth:`CompileWorker.run`),
+    or in this process when :func:`in_process`."""
+    if in_process():
+        return _run_here(tuple(options), function, args)
+    return worker(options).run(what, function, *args)
+
+
+def _close_all() -> None:
+    with _workers_lock:
+        workers = list(_workers.values())
+    for each in workers:
+        each.close()
+
+
+def _forget_in_child() -> None:
+    """A forked child leaves its parent's workers (and their pipes) alone and starts its own."""
+    global _workers, _workers_lock
+    for each in _workers.values():
+        process = each._process
+        if process is not None:
+            process.close()
+    _workers = {}
+    _workers_lock = threading.Lock()
+
+
+atexit.register(_close_all)
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+# -- in the worker -----------------------------------------------------------------------
+
+
+def _truncate_stderr() -> None:
+    sys.stderr.flush()
+    with contextlib.suppress(OSError):
+        os.ftruncate(2, 0)
+
+
+_serving = False
+
+
+@contextlib.contextmanager
+def stderr_written() -> Iterator[list[str]]:
+    """Yields a list that holds what the block wrote on descriptor 2 once it ends.
+
+    In the worker, descriptor 2 stays the file the caller reads after a
+    crash, so the text of an abort in the block is not lost with the worker.
+    In another process, this is :func:`memkernel.stdio.capture_c_stderr`.
+    """
+    if not _serving:
+        from ..stdio import capture_c_stderr
+
+        with capture_c_stderr() as captured:
+            yield captured
+        return
+    sys.stderr.flush()
+    start = os.fstat(2).st_size
+    text: list[str] = []
+    try:
+        yield text
+    finally:
+        sys.stderr.flush()
+        end = os.fstat(2).st_size
+        text.append(os.pread(2, end - start, start).decode(errors="replace") if end > start else "")
+
+
+def _reply(replies: IO[bytes], status: str, value: Any) -> None:
+    sys.stderr.flush()
+    stderr = _last(2, _REPLIED_BYTES)
+    try:
+        data = pickle.dumps((status, value, stderr), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:  # an exception that does not pickle: send its text
+        data = pickle.dumps(("raised", RuntimeError(f"{type(value).__name__}: {value} ({exc})"), stderr))
+    replies.write(data)
+    replies.flush()
+
+
+def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
+    """Answer requests ``(function, args)`` until ``requests`` ends."""
+    while True:
+        try:
+            function, args = pickle.load(requests)
+        except EOFError:
+            return
+        _truncate_stderr()
+        try:
+            result = ("ok", function(*args))
+        except Exception as exc:
+            result = ("raised", exc)
+        _reply(replies, *result)
+
+
+def main() -> None:
+    """The worker process: set the LLVM options of ``sys.argv``, then serve requests on stdin/stdout.
+
+    Replies go to a copy of descriptor 1, which is then pointed at stderr, so
+    that nothing else printed can mix with them.
+    """
+    global _serving
+    _serving = True
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    requests = os.fdopen(os.dup(0), "rb")
+    importlib.import_module(".engine", __package__)  # what requests run, and the MLIR bindings
+    from .objects import parse_llvm_options
+
+    if not parse_llvm_options(sys.argv[1:]):
+        sys.exit(1)
+    try:
+        _reply(replies, "ok", None)
+        serve(requests, replies)
+    except BrokenPipeError:  # the caller is gone
+        pass

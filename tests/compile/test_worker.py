@@ -1,0 +1,243 @@
+"""Compilation in a worker process: an abort in MLIR or LLVM is a CompileError, and this process lives on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import memkernel.compile.worker as compile_worker
+from memkernel import ArgumentError, CompileError, mlir_kernel
+
+from ..kernels import elementwise
+
+REPO = str(Path(__file__).resolve().parents[2])
+
+# A row-major 4x5 matrix, read as a vector, is a column-major 5x4 one: its transpose, column-major 4x5,
+# is the row-major 5x4 transpose. llvm.intr.matrix.* needs LLVM's -enable-matrix: without it, code
+# generation ends in "LLVM ERROR: Do not know how to widen the result of this operator!" and an abort.
+FLAT_TRANSPOSE = """
+func.func @transpose(%a: memref<20xf64>, %t: memref<20xf64>) {
+  %c0 = arith.constant 0 : index
+  %v = vector.load %a[%c0] : memref<20xf64>, vector<20xf64>
+  %r = llvm.intr.matrix.transpose %v {rows = 5 : i32, columns = 4 : i32} : vector<20xf64> into vector<20xf64>
+  vector.store %r, %t[%c0] : memref<20xf64>, vector<20xf64>
+  return
+}"""
+
+# Bufferizing tensor.extract on a tensor of i1 gives a memref.load of an i1 element, on which
+# finalize-memref-to-llvm asserts; the preset pipelines rewrite those loads first, this one does not.
+I1_LOAD = """
+func.func @first(%t: tensor<4xi1>) -> i1 {
+  %c0 = arith.constant 0 : index
+  %v = tensor.extract %t[%c0] : tensor<4xi1>
+  return %v : i1
+}"""
+SKIPS_I1_REWRITE = ("one-shot-bufferize{bufferize-function-boundaries=1},convert-func-to-llvm,"
+                    "finalize-memref-to-llvm,convert-arith-to-llvm,reconcile-unrealized-casts")
+I1_ASSERTION = "Assertion `integralElementType.getWidth() >= 8' failed"
+
+MATRIX = ("-enable-matrix",)
+
+
+def flat_transpose(**options):
+    return mlir_kernel(FLAT_TRANSPOSE, name="transpose", **options)(lambda a: None)
+
+
+def i1_load():
+    return mlir_kernel(I1_LOAD, name="first", pipeline=SKIPS_I1_REWRITE, cache=False)(lambda t: None)
+
+
+def unique_add() -> tuple[str, str]:
+    name = f"add_{uuid.uuid4().hex[:12]}"
+    return elementwise("arith.addf", "memref<?xf64>", "f64", 1, name=name), name
+
+
+def add_kernel(**options):
+    source, name = unique_add()
+    return mlir_kernel(source, name=name, **options)(lambda a, b: None)
+
+
+def check_add(kernel) -> None:
+    a, b = np.arange(7.0), np.linspace(-1.0, 1.0, 7)
+    np.testing.assert_array_equal(kernel(a, b), a + b)
+
+
+def test_flat_transpose_without_enable_matrix_is_a_compile_error_naming_the_abort():
+    with pytest.raises(CompileError) as failed:
+        flat_transpose(cache=False).compile()
+    message = str(failed.value)
+    assert "compiling @transpose crashed the compile worker: it was killed by SIGABRT" in message
+    assert "LLVM ERROR: Do not know how to widen the result of this operator!" in message
+    assert "llvm_options=" in message and "-enable-matrix" in message
+    assert isinstance(failed.value, RuntimeError)
+
+
+def test_the_compile_after_a_crash_works():
+    with pytest.raises(CompileError, match="SIGABRT"):
+        flat_transpose(cache=False).compile()
+    check_add(add_kernel(cache=False))
+
+
+def test_flat_transpose_with_enable_matrix_gives_numpys_transpose():
+    a = np.random.default_rng(1).standard_normal((4, 5))
+    transposed = flat_transpose(cache=False, llvm_options=MATRIX)(a.ravel())
+    np.testing.assert_array_equal(transposed.reshape(5, 4), a.T)
+
+
+def test_llvm_options_are_part_of_the_cache_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMKERNEL_CACHE_DIR", str(tmp_path / "cache"))
+    a = np.arange(20.0)
+    np.testing.assert_array_equal(flat_transpose(llvm_options=MATRIX)(a).reshape(5, 4), a.reshape(4, 5).T)
+    # The same source without the option must compile again (and abort), not reuse the code made with it.
+    with pytest.raises(CompileError, match="SIGABRT"):
+        flat_transpose().compile()
+
+
+def test_an_assertion_in_the_lowering_is_a_compile_error_with_its_text():
+    with pytest.raises(CompileError) as failed:
+        i1_load().compile()
+    message = str(failed.value)
+    assert "compiling @first crashed the compile worker: it was killed by SIGABRT" in message
+    assert I1_ASSERTION in message
+
+
+def test_ir_runs_in_the_worker_and_an_aborting_stage_is_a_compile_error():
+    kernel = i1_load()
+    assert "tensor.extract" in kernel.ir("input")
+    with pytest.raises(CompileError) as failed:
+        kernel.ir("llvm")
+    assert "lowering @first to stage 'llvm' crashed the compile worker" in str(failed.value)
+    assert I1_ASSERTION in str(failed.value)
+    source, name = unique_add()
+    assert f"llvm.func @{name}(" in mlir_kernel(source, name=name)(lambda a, b: None).ir("llvm")
+
+
+def test_kernels_compile_from_two_threads_at_once():
+    kernels = [add_kernel(cache=False), flat_transpose(cache=False, llvm_options=MATRIX)]
+    barrier = threading.Barrier(2 * len(kernels))
+    errors: list[BaseException] = []
+
+    def compile_one(kernel) -> None:
+        barrier.wait()
+        try:
+            kernel.compile()
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=compile_one, args=(k,)) for k in kernels * 2]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    check_add(kernels[0])
+    a = np.arange(20.0)
+    np.testing.assert_array_equal(kernels[1](a).reshape(5, 4), a.reshape(4, 5).T)
+
+
+def test_kernels_with_callbacks_compile_in_the_worker_and_call_back_here():
+    source = """
+    func.func private @scale(f64, index) -> f64
+    func.func @scaled(%a: memref<?xf64>, %o: memref<?xf64>) {
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %n = memref.dim %a, %c0 : memref<?xf64>
+      scf.for %i = %c0 to %n step %c1 {
+        %x = memref.load %a[%i] : memref<?xf64>
+        %y = func.call @scale(%x, %i) : (f64, index) -> f64
+        memref.store %y, %o[%i] : memref<?xf64>
+      }
+      return
+    }"""
+    seen: list[int] = []
+
+    def scale(x: float, i: int) -> float:
+        seen.append(i)
+        return x * (i + 1)
+
+    kernel = mlir_kernel(source, name="scaled", callbacks={"scale": scale})(lambda a: None)
+    a = np.linspace(0.5, 3.0, 6)
+    np.testing.assert_array_equal(kernel(a), a * np.arange(1, 7))
+    assert seen == list(range(6))
+    assert compile_worker.worker(()).pid() is not None
+
+
+def test_bad_llvm_options_are_refused():
+    with pytest.raises(ArgumentError, match=r"llvm_options expects a sequence of LLVM options.*got str"):
+        flat_transpose(llvm_options="-enable-matrix")
+    with pytest.raises(ArgumentError, match=r"each a str starting with '-'.*got 'enable-matrix'"):
+        flat_transpose(llvm_options=("enable-matrix",))
+    with pytest.raises(CompileError) as failed:
+        flat_transpose(cache=False, llvm_options=("-no-such-llvm-option",)).compile()
+    message = str(failed.value)
+    assert "compile worker with llvm_options=('-no-such-llvm-option',) exited with status 1" in message
+    assert "Unknown command line argument '-no-such-llvm-option'" in message
+
+
+def run_script(script: str, cache: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(script), *args], capture_output=True, text=True,
+                          timeout=120, cwd=REPO, env={**os.environ, "PYTHONPATH": REPO, "MEMKERNEL_CACHE_DIR": str(cache)})
+
+
+WARM_CACHE_RUN = """
+import sys
+import numpy as np
+import memkernel.compile.worker
+from memkernel import mlir_kernel
+if sys.argv[2] == "forbid-the-worker":
+    def refuse(*args, **kwargs):
+        raise AssertionError("started a compile worker")
+    memkernel.compile.worker._spawn = refuse
+kernel = mlir_kernel(open(sys.argv[1]).read(), name=sys.argv[3])(lambda a, b: None)
+a, b = np.arange(100.0), np.full(100, 0.5)
+assert np.array_equal(kernel(a, b), a + b)
+print("ok")
+"""
+
+
+def test_a_process_with_a_warm_disk_cache_starts_no_worker(tmp_path):
+    source, name = unique_add()
+    source_file = tmp_path / "kernel.mlir"
+    source_file.write_text(source)
+    cold = run_script(WARM_CACHE_RUN, tmp_path / "cache", str(source_file), "forbid-the-worker", name)
+    assert cold.returncode != 0 and "started a compile worker" in cold.stderr  # the cache is cold: it must compile
+    first = run_script(WARM_CACHE_RUN, tmp_path / "cache", str(source_file), "compile", name)
+    assert first.stdout == "ok\n", first.stderr
+    warm = run_script(WARM_CACHE_RUN, tmp_path / "cache", str(source_file), "forbid-the-worker", name)
+    assert warm.stdout == "ok\n", warm.stderr
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as status:
+            return status.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_the_worker_ends_when_its_caller_dies(tmp_path):
+    script = f"""
+    import os, signal, sys
+    import memkernel.compile.worker
+    from memkernel import mlir_kernel
+    mlir_kernel({unique_add()[0]!r}, cache=False)(lambda a, b: None).compile()
+    print(memkernel.compile.worker.worker(()).pid(), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+    """
+    done = run_script(script, tmp_path / "cache")
+    assert done.returncode == -signal.SIGKILL
+    pid = int(done.stdout)
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid)
