@@ -19,8 +19,8 @@ import numpy as np
 
 from .. import stdio
 from ..errors import ArgumentError
-from ..fastpath.builtin import FastFunction
-from ..fastpath.constants import DONE
+from ..fastpath.builtin import FastFunction, entry_builtin
+from ..fastpath.emitter import FAST
 from ..spec.analysis import KernelSpec
 from .allocation import OutputAllocator
 from .plan import CallPlan
@@ -66,13 +66,21 @@ def with_output_capture(run: Run, mode: bool | None, may_print: bool) -> Run:
     return run_capturing_when_needed
 
 
+_PATHS: tuple[Literal["fast", "checked"] | None, ...] = (None, "fast", "checked")
+"""What :attr:`Invoker.last_path` reads from its path cell: 0 before any call, FAST (1), CHECKED (2)."""
+_CHECKED = 2
+
+
 class Invoker:
     """Runs calls of one compiled kernel.
 
     ``plan`` is the checked path, ``fast`` the compiled fast path (None when the
     kernel has none: an argument kind it does not handle, a custom calling
-    convention, ``MEMKERNEL_FAST_PATH=0``). ``last_path`` is ``"fast"`` or
-    ``"checked"``: the path the latest call took, in whichever thread.
+    convention, ``MEMKERNEL_FAST_PATH=0``). ``entry`` is the compiled entry, a
+    builtin function called as the kernel is (``entry(*inputs, out=out)``),
+    which runs the common call with no Python frame and passes anything else to
+    :meth:`fallback`; None when the kernel has none (results, several outputs,
+    printed-output capture, callbacks, isolation, no fast path).
     """
 
     def __init__(self, spec: KernelSpec, plan: CallPlan, fast: FastFunction | None, allocator: OutputAllocator,
@@ -80,7 +88,7 @@ class Invoker:
         self.spec = spec
         self.plan = plan
         self.fast = fast
-        self.last_path: Literal["fast", "checked"] | None = None
+        self._path = np.zeros(1, np.int64)  # the compiled entry writes here too: see last_path
         self._allocator = allocator
         self._parameters = spec.parameters
         self._arity = len(spec.parameters)
@@ -90,46 +98,21 @@ class Invoker:
         self._out_is_a_parameter = spec.n_outputs == 0 and any(p.name == "out" for p in spec.parameters)
         self._assemble = _assemble(spec.n_outputs, bool(spec.signature.results))
         self._run = wrap(self._fast_then_checked if fast is not None else self._checked)
-        self.call: Callable[[tuple[Any, ...], dict[str, Any], Any], Any] = self._direct() or self.__call__
-        """What ``kernel(*args, out=out, **kwargs)`` runs: :meth:`__call__`, or the same specialised for
-        the common call of a kernel whose fast path returns nothing but its outputs."""
+        self.entry = None
+        if fast is not None and fast.entry_address and self._run == self._fast_then_checked:
+            self.entry = entry_builtin(spec.name, fast.entry_address, self.fallback, self._path)
 
-    def _direct(self) -> Callable[[tuple[Any, ...], dict[str, Any], Any], Any] | None:
-        """The common call in as few Python steps as it can take: positional inputs, ``out=`` one array
-        or nothing, the fast path; anything else goes to :meth:`__call__`."""
-        fast = self.fast
-        if fast is None or self.spec.signature.results or self._n_outputs > 1 or self._out_is_a_parameter \
-                or self._run != self._fast_then_checked:
-            return None
-        raw, general, arity = fast.raw, self.__call__, self._arity
-        if self._n_outputs == 0:
-            def call_in_place(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
-                if kwargs or out is not None or len(args) != arity or raw(args, ()) is not DONE:
-                    return general(args, kwargs, out)
-                self.last_path = "fast"
-                return None
+    @property
+    def last_path(self) -> Literal["fast", "checked"] | None:
+        """``"fast"`` or ``"checked"``: the path the latest call took, in whichever thread; None before any.
 
-            return call_in_place
-        allocate = self._allocator.allocate_all
+        A call through the compiled entry records "fast" as the Python paths do.
+        """
+        return _PATHS[int(self._path[0])]
 
-        def call_with_output(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
-            if kwargs or len(args) != arity:
-                return general(args, kwargs, out)
-            if out is None:
-                try:
-                    outputs = allocate(args)
-                except Exception:  # the checked path checks the inputs first, then explains
-                    return general(args, kwargs, out)
-            elif type(out) is np.ndarray:
-                outputs = (out,)
-            else:
-                return general(args, kwargs, out)
-            if raw(args, outputs) is not DONE:
-                return general(args, kwargs, out)
-            self.last_path = "fast"
-            return outputs[0]
-
-        return call_with_output
+    def fallback(self, /, *args: Any, out: Any = None, **kwargs: Any) -> Any:
+        """Run ``kernel(*args, out=out, **kwargs)`` in Python: what the compiled entry does not take."""
+        return self(args, kwargs, out)
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
         """Call the kernel with ``kernel(*args, out=out, **kwargs)``."""
@@ -138,6 +121,7 @@ class Invoker:
             out = None
         if kwargs or len(args) != self._arity:
             args = self._bind(args, kwargs)
+        given: tuple[Any, ...]
         if out is None:
             given = self._no_outputs
         elif type(out) is np.ndarray and self._n_outputs == 1:
@@ -152,12 +136,12 @@ class Invoker:
             assert self.fast is not None
             results = self.fast(args, outputs)
             if results is not None:
-                self.last_path = "fast"
+                self._path[0] = FAST
                 return self._assemble(outputs, results)
         return self._checked(args, given)
 
     def _checked(self, args: tuple[Any, ...], given: tuple[Any, ...]) -> Any:
-        self.last_path = "checked"
+        self._path[0] = _CHECKED
         outputs, results = self.plan.call(args, given)
         return self._assemble(outputs, results)
 

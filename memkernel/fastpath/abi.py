@@ -35,6 +35,7 @@ class Layout:
     # PyObject (Include/object.h): ob_refcnt, then ob_type; every object starts so.
     ob_type: int = 8
     # PyTupleObject (Include/cpython/tupleobject.h): PyObject_VAR_HEAD (refcnt, type, ob_size), ob_item[].
+    tuple_size: int = 16
     tuple_items: int = 24
     # PyFloatObject (Include/cpython/floatobject.h): PyObject_HEAD, then double ob_fval.
     float_value: int = 16
@@ -71,6 +72,7 @@ def _object_fields_hold() -> bool:
     """``ob_type``, the tuple items and the float value, read inside a tuple and a float."""
     items = (1.5, 2.5)
     return (_word(id(items) + LAYOUT.ob_type) == id(tuple)
+            and _word(id(items) + LAYOUT.tuple_size) == len(items)
             and _word(id(items) + LAYOUT.tuple_items + 8) == id(items[1])
             and ctypes.c_double.from_address(id(items[1]) + LAYOUT.float_value).value == 2.5)
 
@@ -122,7 +124,8 @@ def _layout_holds() -> bool:
     if not _runs_with_the_gil():
         return False
     arrays = _sample_arrays()
-    return _object_fields_hold() and all(_array_fields_hold(a) for a in arrays) and _flag_bits_hold(arrays)
+    return (_object_fields_hold() and all(_array_fields_hold(a) for a in arrays) and _flag_bits_hold(arrays)
+            and _numpy_zeros_holds())
 
 
 @functools.lru_cache(maxsize=None)
@@ -133,7 +136,7 @@ def fast_path_supported() -> bool:
     """
     try:
         return _layout_holds()
-    except (ValueError, OverflowError):
+    except (ValueError, OverflowError, AttributeError, ImportError):
         return False
 
 
@@ -146,6 +149,40 @@ def fast_path_enabled() -> bool:
     if os.environ.get(FAST_PATH_VARIABLE) == "0":
         return False
     return fast_path_supported()
+
+
+NUMPY_ARRAY_TYPE = 2
+"""``PyArray_API[2]`` is ``&PyArray_Type`` (numpy/__multiarray_api.h), the same in numpy 1.x and 2.x."""
+NUMPY_ZEROS = 183
+"""``PyArray_API[183]`` is ``PyArray_Zeros(int nd, npy_intp const *dims, PyArray_Descr *descr, int fortran)``,
+which steals a reference to ``descr``."""
+
+
+def numpy_api(index: int) -> int:
+    """Entry ``index`` of numpy's C API table, read from its ``_ARRAY_API`` capsule as C extensions read it."""
+    try:
+        from numpy._core import multiarray
+    except ImportError:  # numpy 1.x
+        from numpy.core import multiarray  # type: ignore[no-redef]
+    capsule = multiarray._ARRAY_API
+    name = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object)(("PyCapsule_GetName", ctypes.pythonapi))
+    pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_void_p)(
+        ("PyCapsule_GetPointer", ctypes.pythonapi))
+    table = pointer(capsule, name(capsule))
+    return _word(table + 8 * index)
+
+
+def _numpy_zeros_holds() -> bool:
+    """The API table's ``PyArray_Type`` is ``np.ndarray``, and its ``PyArray_Zeros`` makes a zeroed array."""
+    if numpy_api(NUMPY_ARRAY_TYPE) != id(np.ndarray):
+        return False
+    zeros = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_int, ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p,
+                             ctypes.c_int)(numpy_api(NUMPY_ZEROS))
+    dtype = np.dtype(np.float32)
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(dtype))  # the reference PyArray_Zeros steals
+    made = zeros(2, (ctypes.c_int64 * 2)(2, 3), id(dtype), 0)
+    return (type(made) is np.ndarray and made.shape == (2, 3) and made.dtype is dtype
+            and made.flags.c_contiguous and not made.any())
 
 
 def c_function(name: str) -> int:

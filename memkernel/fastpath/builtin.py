@@ -10,7 +10,7 @@ it has read every Python object.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -22,6 +22,7 @@ from .constants import DONE
 from .emitter import FastPath
 
 _METH_FASTCALL = 0x0080
+_METH_KEYWORDS = 0x0002
 
 
 class _MethodDef(ctypes.Structure):
@@ -29,20 +30,26 @@ class _MethodDef(ctypes.Structure):
                 ("ml_flags", ctypes.c_int), ("ml_doc", ctypes.c_char_p)]
 
 
-def _new_builtin(definition: _MethodDef) -> Any:
-    """A builtin function for ``definition``; it holds the definition as its ``self``, keeping it alive."""
-    new = ctypes.pythonapi.PyCFunction_NewEx
-    new.restype = ctypes.py_object
-    new.argtypes = [ctypes.c_void_p, ctypes.py_object, ctypes.c_void_p]
-    return new(ctypes.addressof(definition), definition, None)
+_NEW_BUILTIN = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.py_object, ctypes.c_void_p)(
+    ("PyCFunction_NewEx", ctypes.pythonapi))
+
+
+def _new_builtin(definition: _MethodDef, owner: Any = None) -> Any:
+    """A builtin function for ``definition``, whose C function gets ``owner`` as its ``self``.
+
+    ``owner`` must keep the definition alive; by default it is the definition itself.
+    """
+    return _NEW_BUILTIN(ctypes.addressof(definition), definition if owner is None else owner, None)
 
 
 class FastFunction:
     """Calls the fast path; None from a call means "take the checked Python path"."""
 
     def __init__(self, function_address: int, consts_address: int, fast: FastPath,
-                 results: Sequence[ArgSpec]) -> None:
+                 results: Sequence[ArgSpec], entry_address: int = 0) -> None:
         constants.fill(consts_address, fast.dtypes)
+        self.entry_address = entry_address
+        """Where the compiled entry (``fast.entry``) was loaded; 0 when the kernel has none."""
         self._dtypes = fast.dtypes  # the table holds their addresses: keep them alive
         self.raw = _new_builtin(_MethodDef(fast.function.encode(), function_address, _METH_FASTCALL, None))
         """``raw(args, outputs[, results])``: DONE if it ran the kernel, DECLINED if not."""
@@ -63,3 +70,28 @@ class FastFunction:
             return reader.read(buffer)
         finally:
             self._buffers.append(buffer)
+
+
+def entry_builtin(name: str, address: int, fallback: Callable[..., Any], path_cell: np.ndarray) -> Any:
+    """The compiled entry (see :func:`~memkernel.fastpath.emitter.fast_path`) as a builtin function ``name``.
+
+    Called as the kernel is, ``entry(*inputs, out=out)``, it runs the kernel
+    and returns its output (None for an in-place kernel), writing
+    :data:`~memkernel.fastpath.emitter.FAST` into ``path_cell[0]``; anything
+    it declines it passes on, as it came, to ``fallback(*args, **kwargs)``.
+    The address it was loaded at must stay mapped as long as the builtin lives.
+    """
+    if path_cell.dtype != np.int64 or path_cell.shape != (1,) or not path_cell.flags.writeable:
+        raise ValueError(f"the path cell must be a writable int64 array of one element, not {path_cell!r}")
+    definition = _MethodDef(name.encode(), address, _METH_FASTCALL | _METH_KEYWORDS, None)
+    return _new_builtin(definition, (definition, fallback, path_cell))
+
+
+def called_through(cls: type, entry: Any) -> type:
+    """A subclass of ``cls``, named and documented as it is, whose instances, called, run ``entry``.
+
+    A builtin function in a class dict is not bound as a method, so an instance
+    called as ``kernel(a, b, out=c)`` runs ``entry(a, b, out=c)``.
+    """
+    return type(cls.__name__, (cls,), {"__call__": entry, "__slots__": (), "__module__": cls.__module__,
+                                       "__qualname__": cls.__qualname__, "__doc__": cls.__doc__})

@@ -10,12 +10,13 @@ Slots past the named ones hold the dtype objects the kernel's arrays may have.
 from __future__ import annotations
 
 import ctypes
+import sys
 from collections.abc import Callable, Sequence
 from enum import IntEnum
 
 import numpy as np
 
-from .abi import c_function
+from .abi import NUMPY_ZEROS, c_function, numpy_api
 
 
 class Answer:
@@ -47,6 +48,12 @@ class Slot(IntEnum):
     AS_LONG_LONG = 7
     DONE = 8
     DECLINED = 9
+    NONE = 10
+    OUT_NAME = 11
+    INCREF = 12
+    VECTORCALL = 13
+    CLEAR_ERROR = 14
+    ZEROS = 15
 
 
 FILL: dict[Slot, Callable[[], int]] = {
@@ -60,6 +67,13 @@ FILL: dict[Slot, Callable[[], int]] = {
     Slot.AS_LONG_LONG: lambda: c_function("PyLong_AsLongLongAndOverflow"),
     Slot.DONE: lambda: id(DONE),
     Slot.DECLINED: lambda: id(DECLINED),
+    # The compiled entry (a kernel called as ``kernel(*inputs, out=...)``) also uses these:
+    Slot.NONE: lambda: id(None),
+    Slot.OUT_NAME: lambda: id(sys.intern("out")),  # the keyword a call names in its kwnames, compared by address
+    Slot.INCREF: lambda: c_function("Py_IncRef"),  # safe on immortal objects (None, from Python 3.12)
+    Slot.VECTORCALL: lambda: c_function("PyObject_Vectorcall"),  # passes a declined call on, as it came
+    Slot.CLEAR_ERROR: lambda: c_function("PyErr_Clear"),
+    Slot.ZEROS: lambda: numpy_api(NUMPY_ZEROS),  # allocates an output, zero-filled
 }
 
 FIRST_DTYPE = len(Slot)

@@ -34,6 +34,7 @@ from mlir import ir
 
 from ..spec.contract import BufferContract, Contract, ScalarContract
 from ..spec.analysis import KernelSpec
+from ..spec.shapes import Dim
 from ..spec.signature import ArgSpec, MemRefSpec, ScalarSpec, UnrankedSpec
 from .abi import LAYOUT
 from .constants import FIRST_DTYPE, Slot
@@ -47,6 +48,8 @@ class FastPath:
     function: str
     consts: str
     dtypes: tuple[np.dtype, ...]
+    entry: str | None = None
+    """The compiled entry's symbol (see :func:`fast_path`); None when the kernel has none."""
 
 
 def _handles(contract: Contract) -> bool:
@@ -143,6 +146,7 @@ class _Generator:
         self.results = results
         self.dtypes: list[np.dtype] = []
         self.e = _Emitter()
+        self.sources = spec.output_sources()
         self.consts = f"__memkernel_consts_{spec.name}"
         self.function = f"__memkernel_fast_{spec.name}"
 
@@ -157,12 +161,10 @@ class _Generator:
         return FIRST_DTYPE + self.dtypes.index(dtype)
 
     def _object(self, contract: Contract) -> str:
-        """The Python object of an argument: from the inputs tuple, or the outputs tuple for an output."""
+        """The Python object of an argument: from the inputs' array of objects, or the outputs' for an output."""
         if contract.index < self.n_inputs:
-            source, position = self.args, contract.index
-        else:
-            source, position = self.outs, contract.index - self.n_inputs
-        return self.e.load(source, "!llvm.ptr", LAYOUT.tuple_items + 8 * position)
+            return self.e.load(self.inputs, "!llvm.ptr", 8 * contract.index)
+        return self.e.load(self.outputs, "!llvm.ptr", 8 * (contract.index - self.n_inputs))
 
     def _returning(self, slot: Slot) -> None:
         """Return the object in constants slot ``slot`` as a new reference."""
@@ -324,12 +326,15 @@ class _Generator:
         hi = e.value(f"llvm.add {start}, {e.value(f'llvm.mul {high}, {scale} : i64')} : i64")
         return lo, hi, empty
 
-    def _check_overlaps(self) -> None:
+    def _check_overlaps(self, fresh: int | None = None) -> None:
         """The compiled form of the checked path's overlap rule: disjoint, empty or the very same view,
-        else decline (the checked path copies the input, as numpy does)."""
+        else decline (the checked path copies the input, as numpy does). Argument ``fresh`` is an output
+        about to be allocated: it overlaps nothing."""
         e = self.e
         conditions = []
         for i, j in self.overlaps:
+            if fresh in (i, j):
+                continue
             lo_a, hi_a, empty_a = self._extent(i)
             lo_b, hi_b, empty_b = self._extent(j)
             apart = e.value(f"llvm.or {e.icmp('ule', hi_a, lo_b)}, {e.icmp('ule', hi_b, lo_a)} : i1")
@@ -347,55 +352,205 @@ class _Generator:
     def _fabs(self, value: str) -> str:
         return self.e.value(f"llvm.intr.fabs({value}) : (f64) -> f64")
 
-    def generate(self) -> FastPath:
-        e = self.e
-        e.check(e.icmp("eq", "%nargs", e.const(3 if self.results else 2)))
-        self.args = e.load("%argv", "!llvm.ptr")
-        self.outs = e.load("%argv", "!llvm.ptr", 8)
+    def _operands(self, contracts: Sequence[Contract]) -> tuple[list[str], list[str]]:
+        """Check each argument of ``contracts`` and return its lowered operands, and their LLVM types."""
         operands: list[str] = []
         types: list[str] = []
-        for contract in self.contracts:
+        for contract in contracts:
             if isinstance(contract, BufferContract):
                 operands += self._memref(contract)
             else:
                 operands += self._scalar(contract)
             types += lowered_argument_types(contract.spec)
-        self._check_ties()
-        self._check_overlaps()
-        result_types = [r.element.llvm_type for r in self.results]
-        if not result_types:
-            returned = "!llvm.void"
-        elif len(result_types) == 1:
-            returned = str(result_types[0])
-        else:
-            returned = f"!llvm.struct<({', '.join(str(t) for t in result_types)})>"
-        signature = f"({', '.join(types)}) -> {returned if result_types else '()'}"
+        return operands, types
+
+    def _call_kernel(self, operands: list[str], types: list[str], returned: str | None = None) -> str | None:
+        """Release the GIL, call the kernel, take the GIL back; the kernel's result, if ``returned`` says one."""
+        e = self.e
+        signature = f"({', '.join(types)}) -> {returned or '()'}"
         save = self._const_slot(Slot.SAVE_THREAD)
         restore = self._const_slot(Slot.RESTORE_THREAD)
         state = e.value(f"llvm.call {save}() : !llvm.ptr, () -> !llvm.ptr")
         call = f"llvm.call @{self.name}({', '.join(operands)}) : {signature}"
-        if result_types:
-            results_array = e.load("%argv", "!llvm.ptr", 16)
-            results = e.load(results_array, "!llvm.ptr", LAYOUT.array_data)
-            result = e.value(call)
-            e.op(f"llvm.store {result}, {results} : {returned}, !llvm.ptr")
-        else:
+        result = e.value(call) if returned else None
+        if not returned:
             e.op(call)
         e.op(f"llvm.call {restore}({state}) : !llvm.ptr, (!llvm.ptr) -> ()")
+        return result
+
+    def generate(self) -> str:
+        """The ``fast(args, outputs[, results])`` function, as LLVM-dialect text."""
+        e = self.e
+        e.check(e.icmp("eq", "%nargs", e.const(3 if self.results else 2)))
+        self.inputs = e.at(e.load("%argv", "!llvm.ptr"), LAYOUT.tuple_items)
+        self.outputs = e.at(e.load("%argv", "!llvm.ptr", 8), LAYOUT.tuple_items)
+        operands, types = self._operands(self.contracts)
+        self._check_ties()
+        self._check_overlaps()
+        result_types = [r.element.llvm_type for r in self.results]
+        if not result_types:
+            returned = None
+        elif len(result_types) == 1:
+            returned = str(result_types[0])
+        else:
+            returned = f"!llvm.struct<({', '.join(str(t) for t in result_types)})>"
+        if returned:
+            results_array = e.load("%argv", "!llvm.ptr", 16)
+            results = e.load(results_array, "!llvm.ptr", LAYOUT.array_data)
+            result = self._call_kernel(operands, types, returned)
+            e.op(f"llvm.store {result}, {results} : {returned}, !llvm.ptr")
+        else:
+            self._call_kernel(operands, types)
         self._returning(Slot.DONE)
         e.lines.append("^fallback:")
         self._returning(Slot.DECLINED)
         body = "\n".join(e.lines)
-        declared_return = f" -> {returned}" if result_types else ""
+        self.declaration = f"llvm.func @{self.name}({', '.join(types)}){f' -> {returned}' if returned else ''}"
+        return f"""llvm.func @{self.function}(%self: !llvm.ptr, %argv: !llvm.ptr, %nargs: i64) -> !llvm.ptr {{
+{body}
+}}"""
+
+    def module_text(self, entry: str | None) -> FastPath:
+        """The fast path's functions, the kernel's declaration and the constants table, as one text."""
+        functions = [self.generate()]
+        if entry is not None:
+            functions.append(_EntryGenerator(self).generate(entry))
         size = FIRST_DTYPE + len(self.dtypes)
         text = f"""
 llvm.mlir.global external @{self.consts}(dense<0> : tensor<{size}xi64>) : !llvm.array<{size} x i64>
-llvm.func @{self.name}({', '.join(types)}){declared_return}
-llvm.func @{self.function}(%self: !llvm.ptr, %argv: !llvm.ptr, %nargs: i64) -> !llvm.ptr {{
-{body}
-}}
+{self.declaration}
+{chr(10).join(functions)}
 """
-        return FastPath(text, self.function, self.consts, tuple(self.dtypes))
+        return FastPath(text, self.function, self.consts, tuple(self.dtypes), entry)
+
+
+FAST = 1
+"""What the compiled entry writes in its path cell when it ran the kernel (see :func:`fast_path`)."""
+
+
+class _EntryGenerator:
+    """Writes the compiled entry: ``kernel(*inputs[, out=out])`` itself, as a ``METH_FASTCALL | METH_KEYWORDS``
+    function whose ``self`` is the tuple ``(definition, fallback, path cell)``."""
+
+    def __init__(self, raw: _Generator) -> None:
+        self.g = raw
+        raw.e = self.e = _Emitter()
+        raw.sizes, raw.descriptors = {}, {}
+        self.n_inputs = raw.n_inputs
+        self.output = raw.contracts[raw.n_inputs] if len(raw.contracts) > raw.n_inputs else None
+
+    def _self_item(self, position: int) -> str:
+        return self.e.load("%self", "!llvm.ptr", LAYOUT.tuple_items + 8 * position)
+
+    def _call_c(self, slot: Slot, arguments: Sequence[tuple[str, str]], returned: str = "") -> str | None:
+        """Call the C function in constants slot ``slot`` with ``(value, type)`` arguments."""
+        e = self.e
+        function = self.g._const_slot(slot)
+        values = ", ".join(v for v, _ in arguments)
+        signature = f"!llvm.ptr, ({', '.join(t for _, t in arguments)}) -> {returned or '()'}"
+        if returned:
+            return e.value(f"llvm.call {function}({values}) : {signature}")
+        e.op(f"llvm.call {function}({values}) : {signature}")
+        return None
+
+    def _ran(self, returned: str, new_reference: bool = False) -> None:
+        """Mark the call fast in the path cell and return ``returned`` (a new reference to it, unless it is one)."""
+        e = self.e
+        cell = e.load(self._self_item(2), "!llvm.ptr", LAYOUT.array_data)
+        e.op(f"llvm.store {e.const(FAST)}, {cell} : i64, !llvm.ptr")
+        if not new_reference:
+            self._call_c(Slot.INCREF, [(returned, "!llvm.ptr")])
+        e.op(f"llvm.return {returned} : !llvm.ptr")
+
+    def _run_given(self, contracts: Sequence[Contract]) -> None:
+        """Check every argument (the output, if any, is ``out=``), run the kernel and return the output or None."""
+        g = self.g
+        operands, types = g._operands(contracts)
+        g._check_ties()
+        g._check_overlaps()
+        g._call_kernel(operands, types)
+        if self.output is None:
+            self._ran(g._const_slot(Slot.NONE))
+        else:
+            self._ran(g._object(self.output))
+
+    def _allocatable(self, sources: Sequence[object] | None) -> bool:
+        output = self.output
+        return (isinstance(output, BufferContract) and output.needs_contiguous and output.rank is not None
+                and sources is not None and None not in sources)
+
+    def _run_allocating(self, sources: Sequence[Dim | int]) -> None:
+        """Check the inputs, allocate the output zero-filled from the dims its ties give, run the kernel and
+        return the output; decline (before allocating) whatever the checks refuse."""
+        g, e = self.g, self.e
+        output = self.output
+        assert isinstance(output, BufferContract)
+        operands, types = g._operands(g.contracts[:self.n_inputs])
+        sizes = [e.const(s) if isinstance(s, int) else g.sizes[s.arg][s.dim] for s in sources]
+        g.sizes[output.index] = sizes
+        if output.static_dims:
+            e.check(e.all_of([e.icmp("eq", sizes[i], e.const(want)) for i, want in output.static_dims]))
+        g._check_ties()
+        g._check_overlaps(fresh=output.index)
+        rank = len(sizes)
+        dims = e.value(f"llvm.alloca {e.const(max(rank, 1))} x i64 : (i64) -> !llvm.ptr")
+        for i, size in enumerate(sizes):
+            e.op(f"llvm.store {size}, {e.at(dims, 8 * i) if i else dims} : i64, !llvm.ptr")
+        descr = g._const_slot(g._dtype_slot(output.element.dtype))
+        self._call_c(Slot.INCREF, [(descr, "!llvm.ptr")])  # PyArray_Zeros steals a reference to it
+        array = self._call_c(Slot.ZEROS, [(e.const(rank, "i32"), "i32"), (dims, "!llvm.ptr"),
+                                          (descr, "!llvm.ptr"), (e.const(0, "i32"), "i32")], "!llvm.ptr")
+        assert array is not None
+        null = e.value("llvm.mlir.zero : !llvm.ptr")
+        e.op(f"llvm.cond_br {e.icmp('eq', array, null, '!llvm.ptr')}, ^allocation_failed, ^allocated")
+        e.lines.append("^allocation_failed:")
+        self._call_c(Slot.CLEAR_ERROR, [])
+        e.op("llvm.br ^fallback")
+        e.lines.append("^allocated:")
+        data = e.load(array, "!llvm.ptr", LAYOUT.array_data)
+        operands += [data, data, e.const(0), *sizes, *g._contiguous_strides(sizes)]
+        g._call_kernel(operands, types + lowered_argument_types(output.spec))
+        self._ran(array, new_reference=True)
+
+    def generate(self, name: str) -> str:
+        g, e = self.g, self.e
+        mask = e.const((1 << 63) - 1)  # PY_VECTORCALL_ARGUMENTS_OFFSET is the top bit of nargsf
+        nargs = e.value(f"llvm.and %nargsf, {mask} : i64")
+        e.check(e.icmp("eq", nargs, e.const(self.n_inputs)))
+        null = e.value("llvm.mlir.zero : !llvm.ptr")
+        keywords = e.icmp("ne", "%kwnames", null, "!llvm.ptr")
+        g.inputs = "%argv"
+        if self.output is None:
+            e.check(e.value(f"llvm.xor {keywords}, {e.const(1, 'i1')} : i1"))
+            self._run_given(g.contracts)
+        else:
+            e.op(f"llvm.cond_br {keywords}, ^keyword, ^allocate")
+            e.lines.append("^keyword:")
+            count = e.load("%kwnames", "i64", LAYOUT.tuple_size)
+            keyword = e.load("%kwnames", "!llvm.ptr", LAYOUT.tuple_items)
+            e.check(e.all_of([e.icmp("eq", count, e.const(1)),
+                              e.icmp("eq", keyword, g._const_slot(Slot.OUT_NAME), "!llvm.ptr")]))
+            g.outputs = e.at("%argv", 8 * self.n_inputs)
+            out = e.load(g.outputs, "!llvm.ptr")
+            e.op(f"llvm.cond_br {e.icmp('eq', out, g._const_slot(Slot.NONE), '!llvm.ptr')}, ^allocate, ^given")
+            e.lines.append("^given:")
+            self._run_given(g.contracts)
+            e.lines.append("^allocate:")
+            g.sizes, g.descriptors = {}, {}
+            sources = g.sources[0] if g.sources else None
+            if self._allocatable(sources):
+                self._run_allocating(sources)  # type: ignore[arg-type]
+            else:
+                e.op("llvm.br ^fallback")
+        e.lines.append("^fallback:")
+        fallback = self._self_item(1)
+        result = self._call_c(Slot.VECTORCALL, [(fallback, "!llvm.ptr"), ("%argv", "!llvm.ptr"),
+                                                ("%nargsf", "i64"), ("%kwnames", "!llvm.ptr")], "!llvm.ptr")
+        e.op(f"llvm.return {result} : !llvm.ptr")
+        body = "\n".join(e.lines)
+        return f"""llvm.func @{name}(%self: !llvm.ptr, %argv: !llvm.ptr, %nargsf: i64, %kwnames: !llvm.ptr) -> !llvm.ptr {{
+{body}
+}}"""
 
 
 def fast_path(spec: KernelSpec, results: Sequence[ArgSpec]) -> FastPath | None:
@@ -409,7 +564,8 @@ def fast_path(spec: KernelSpec, results: Sequence[ArgSpec]) -> FastPath | None:
     scalars = [r for r in results if isinstance(r, ScalarSpec)]
     if not all(_handles(c) for c in spec.contracts) or len(scalars) != len(results) or spec.shapes.bounds:
         return None
-    return _Generator(spec, scalars).generate()
+    entry = f"__memkernel_entry_{spec.name}" if not results and spec.n_outputs <= 1 else None
+    return _Generator(spec, scalars).module_text(entry)
 
 
 def lowered_function(module: ir.Module, name: str) -> ir.Operation | None:

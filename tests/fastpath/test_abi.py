@@ -30,6 +30,7 @@ func.func @axpy_and_square(%alpha: f64, %k: i64, %x: memref<?xf64>, %y: memref<?
 # For each field, a value another CPython or numpy could have: a neighbouring field's offset, another flag bit.
 WRONG = {
     "ob_type": 0,
+    "tuple_size": 8,
     "tuple_items": 16,
     "float_value": 8,
     "array_data": 24,
@@ -102,6 +103,16 @@ def test_every_field_of_the_layout_has_a_wrong_value_to_test():
 @pytest.mark.parametrize("field, value", WRONG.items(), ids=WRONG.keys())
 def test_a_wrong_offset_or_flag_bit_fails_the_check(field, value, monkeypatch, fresh_check):
     monkeypatch.setattr(abi, "LAYOUT", dataclasses.replace(abi.LAYOUT, **{field: value}))
+    assert not abi._layout_holds()
+    assert not abi.fast_path_supported()
+
+
+def test_numpy_s_zeros_from_its_c_api_table_is_checked(fresh_check):
+    assert abi._numpy_zeros_holds()
+
+
+def test_a_wrong_index_in_numpy_s_c_api_table_fails_the_check(monkeypatch, fresh_check):
+    monkeypatch.setattr(abi, "NUMPY_ARRAY_TYPE", abi.NUMPY_ARRAY_TYPE + 1)
     assert not abi._layout_holds()
     assert not abi.fast_path_supported()
 
