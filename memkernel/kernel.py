@@ -35,7 +35,7 @@ from .compile.pipeline import STAGES, Pipeline, check_before_lowering, parse_pip
 from .compile.translate import to_llvm_ir
 from .errors import ArgumentError
 from .fastpath import abi
-from .fastpath.builtin import FastFunction
+from .fastpath.builtin import FastFunction, called_through
 from .fastpath.emitter import FastPath, fast_path
 from .spec.analysis import KernelSpec, analyse, default_name
 from .spec.signature import MemRefSpec, Signature
@@ -192,7 +192,8 @@ class Kernel:
                         spec.overlap_pairs, results, compiled.address, compiled)
         fast = None
         if compiled.fast_address and fast_spec is not None:
-            fast = FastFunction(compiled.fast_address, compiled.consts_address, fast_spec, results)
+            entry = compiled.owner.symbol(fast_spec.entry) if fast_spec.entry else 0  # type: ignore[attr-defined]
+            fast = FastFunction(compiled.fast_address, compiled.consts_address, fast_spec, results, entry)
         capture, may_print = self._capture_output, compiled.may_print
         pending = self._pending if self._callbacks else None
 
@@ -206,7 +207,10 @@ class Kernel:
 
             return run_raising_callback_errors
 
-        return Invoker(spec, plan, fast, allocator, wrap)
+        invoker = Invoker(spec, plan, fast, allocator, wrap)
+        if invoker.entry is not None:  # calls now reach the compiled entry with no Python frame
+            self.__class__ = called_through(type(self), invoker.entry)
+        return invoker
 
     def _compiled_function(self, fast_spec: FastPath | None) -> CompiledFunction:
         """The compiled kernel: from this process's cache, from the disk cache, or compiled now."""
@@ -260,7 +264,8 @@ class Kernel:
     # -- calls ---------------------------------------------------------------------
 
     def __call__(self, /, *args: Any, out: Any = None, **kwargs: Any) -> Any:
-        return (self._invoker or self.invoker).call(args, kwargs, out)
+        # Once compiled with a compiled entry, the kernel's class calls that instead (see _build_invoker).
+        return (self._invoker or self.invoker)(args, kwargs, out)
 
     def __get__(self, instance: object, owner: type | None = None) -> Kernel:
         """A kernel in a class body stays a plain function of its arguments, like a staticmethod.
