@@ -134,7 +134,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 _RUN = re.compile(r"^\s*//\s*RUN:\s?(.*)$")
 _RUNNERS = ("mlir-runner", "mlir-cpu-runner")
-_LIBRARY = re.compile(r"(?:%mlir_lib_dir/(?:lib)?)?%(mlir_\w+?)(?:%shlibext)?$")
+_LIBRARY = re.compile(r"%mlir_lib_dir/lib(\w+)%shlibext|%(mlir_\w+)")
 
 
 @dataclass(frozen=True)
@@ -168,8 +168,8 @@ def _commands(text: str) -> Iterator[tuple[int, str]]:
 
 def _library(name: str) -> str:
     """A lit substitution for an MLIR runtime library (``%mlir_c_runner_utils``) as the name memkernel finds."""
-    found = _LIBRARY.search(name)
-    return found.group(1) if found else name
+    found = _LIBRARY.fullmatch(name)
+    return (found.group(1) or found.group(2)) if found else name
 
 
 def _option(words: list[str], i: int, *names: str) -> tuple[str, int] | None:
@@ -294,7 +294,7 @@ class MlirItem(pytest.Item):
         return super().repr_failure(excinfo, style)
 
     def reportinfo(self) -> tuple[Path, int, str]:
-        return self.path, self.run.line - 1, f"{self.path.name}::{self.name}"
+        return self.path, self.run.line - 1, self.name
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> MlirFile | None:

@@ -1,0 +1,81 @@
+"""The MLIR test files of tests/mlir: run through memkernel's pytest plugin, checked with filecheck,
+and printing what upstream's mlir-opt | mlir-runner prints for them."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import mlir.ir
+
+ROOT = Path(__file__).resolve().parent.parent
+MLIR_FILES = ROOT / "tests" / "mlir"
+TOOLS = Path(mlir.ir.__file__).parent / "bin"
+RUNTIME = Path(mlir.ir.__file__).parent / "lib"
+
+
+def plugin_arguments() -> list[str]:
+    """``-p memkernel.pytest_plugin`` unless an installed memkernel already registers the plugin."""
+    registered = any(e.value == "memkernel.pytest_plugin" for e in importlib.metadata.entry_points(group="pytest11"))
+    return [] if registered else ["-p", "memkernel.pytest_plugin"]
+
+
+def run_pytest(*arguments: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *plugin_arguments(), *arguments]
+    return subprocess.run(command, capture_output=True, text=True, cwd=cwd, timeout=600)
+
+
+def test_every_mlir_file_is_collected_once_per_run_line_and_passes_its_checks() -> None:
+    run = run_pytest("-v", f"--memkernel-mlir={MLIR_FILES}", str(MLIR_FILES))
+    assert run.returncode == 0, run.stdout + run.stderr
+    passed = sorted(re.findall(r"(\S+\.mlir::\S+) PASSED", run.stdout))
+    assert passed == [
+        "tests/mlir/memref_sequence.mlir::main",
+        "tests/mlir/printed_memref.mlir::main",
+        "tests/mlir/printed_vectors.mlir::main",
+        "tests/mlir/scalar_results.mlir::big",
+        "tests/mlir/scalar_results.mlir::half_of_five",
+        "tests/mlir/scalar_results.mlir::sum_to_ten",
+        "tests/mlir/transform_schedule.mlir::main",
+    ]
+
+
+def _upstream(path: Path, passes: list[str], entry: str, result: str) -> str:
+    lowered = subprocess.run([str(TOOLS / "mlir-opt"), str(path), *passes], capture_output=True, text=True,
+                             check=True).stdout
+    libraries = f"{RUNTIME / 'libmlir_c_runner_utils.so'},{RUNTIME / 'libmlir_runner_utils.so'}"
+    return subprocess.run([str(TOOLS / "mlir-runner"), "-e", entry, f"-entry-point-result={result}",
+                           f"-shared-libs={libraries}"], input=lowered, capture_output=True, text=True,
+                          check=True).stdout
+
+
+def _memkernel_run(path: Path, entry: str, result: str) -> str:
+    return subprocess.run([sys.executable, "-m", "memkernel.cli", "run", str(path), "-e", entry,
+                           f"-entry-point-result={result}"], capture_output=True, text=True, check=True,
+                          env={**os.environ, "MEMKERNEL_CACHE_DIR": ""}).stdout
+
+
+def _without_addresses(text: str) -> str:
+    return re.sub(r"base@ = 0x[0-9a-f]+", "base@ = ADDRESS", text)
+
+
+_TO_LLVM = ["--convert-linalg-to-loops", "--convert-scf-to-cf", "--expand-strided-metadata",
+            "--finalize-memref-to-llvm", "--convert-arith-to-llvm", "--convert-func-to-llvm",
+            "--convert-cf-to-llvm", "--reconcile-unrealized-casts"]
+
+
+def test_memkernel_run_prints_what_mlir_runner_prints_for_a_printed_memref() -> None:
+    path = MLIR_FILES / "printed_memref.mlir"
+    expected = _upstream(path, _TO_LLVM, "main", "void")
+    assert "[[4,   5]" in expected
+    assert _without_addresses(_memkernel_run(path, "main", "void")) == _without_addresses(expected)
+
+
+def test_memkernel_run_prints_a_scalar_result_as_mlir_runner_does() -> None:
+    path = MLIR_FILES / "scalar_results.mlir"
+    for entry, result in (("half_of_five", "f32"), ("sum_to_ten", "i32"), ("big", "i64")):
+        assert _memkernel_run(path, entry, result) == _upstream(path, _TO_LLVM, entry, result)

@@ -1,0 +1,173 @@
+"""memkernel's pytest plugin: its session options, the kernel named in failure reports, and MLIR
+test files collected as tests. Each case runs pytest in a subprocess on files written here."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from memkernel.pytest_plugin import RunLine, run_lines
+from tests.test_mlir_files import plugin_arguments
+
+PRINTING = """\
+// RUN: mlir-opt %s -convert-vector-to-llvm | mlir-runner -e main -entry-point-result=void | FileCheck %s
+func.func @main() {
+  %v = arith.constant dense<[1.0, 2.0]> : vector<2xf32>
+  vector.print %v : vector<2xf32>
+  return
+}
+"""
+
+
+def run_pytest(folder: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if k not in ("MEMKERNEL_CHECKED", "MEMKERNEL_ISOLATE")}
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *plugin_arguments(), *arguments]
+    return subprocess.run(command, capture_output=True, text=True, cwd=folder, timeout=600,
+                          env={**environment, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+
+
+def write(folder: Path, name: str, text: str) -> Path:
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+ENVIRONMENT_TEST = """\
+import os
+
+def test_environment():
+    assert os.environ.get("MEMKERNEL_CHECKED") == {checked!r}
+    assert os.environ.get("MEMKERNEL_ISOLATE") == {isolate!r}
+"""
+
+
+def test_session_options_set_the_environment_variables_and_none_without_them(tmp_path: Path) -> None:
+    write(tmp_path, "test_with.py", ENVIRONMENT_TEST.format(checked="1", isolate="1"))
+    write(tmp_path, "test_without.py", ENVIRONMENT_TEST.format(checked=None, isolate=None))
+    with_options = run_pytest(tmp_path, "--memkernel-checked", "--memkernel-isolate", "test_with.py")
+    assert with_options.returncode == 0, with_options.stdout
+    without = run_pytest(tmp_path, "test_without.py")
+    assert without.returncode == 0, without.stdout
+
+
+KERNEL_TESTS = """\
+import numpy as np
+from memkernel import mlir_kernel
+
+ADD = '''
+func.func @add(%a: memref<4xf32>, %b: memref<4xf32>, %c: memref<4xf32>) {
+  linalg.add ins(%a, %b : memref<4xf32>, memref<4xf32>) outs(%c : memref<4xf32>)
+  return
+}'''
+
+@mlir_kernel(ADD)
+def add(a, b): ...
+
+def test_wrong_dtype():
+    add(np.ones(4, np.float64), np.ones(4, np.float32))
+
+def test_unsupported_type():
+    @mlir_kernel("func.func @seven(%a: memref<4xi7>) { return }")
+    def seven(a): ...
+
+def test_not_memkernel():
+    raise KeyError("plain")
+"""
+
+
+def test_a_failure_from_a_kernel_call_names_the_kernel_and_the_line_it_was_decorated_at(tmp_path: Path) -> None:
+    path = write(tmp_path, "test_kernels.py", KERNEL_TESTS)
+    run = run_pytest(tmp_path, "test_kernels.py::test_wrong_dtype")
+    assert run.returncode == 1
+    assert "ArgumentError" in run.stdout
+    assert "- memkernel -" in run.stdout
+    assert f"kernel @add, decorated at {path}:10: @mlir_kernel(ADD)" in run.stdout
+
+
+def test_a_failure_at_decoration_names_the_kernel_and_where_it_was_decorated(tmp_path: Path) -> None:
+    path = write(tmp_path, "test_kernels.py", KERNEL_TESTS)
+    run = run_pytest(tmp_path, "test_kernels.py::test_unsupported_type")
+    assert run.returncode == 1
+    assert "SignatureError" in run.stdout
+    assert f'kernel @seven, decorated at {path}:17: @mlir_kernel("func.func @seven' in run.stdout
+
+
+def test_other_failures_get_no_memkernel_section(tmp_path: Path) -> None:
+    write(tmp_path, "test_kernels.py", KERNEL_TESTS)
+    run = run_pytest(tmp_path, "test_kernels.py::test_not_memkernel")
+    assert run.returncode == 1
+    assert "KeyError" in run.stdout and "- memkernel -" not in run.stdout
+
+
+def test_mlir_files_are_collected_from_the_given_folder_only_when_a_run_line_calls_an_entry(tmp_path: Path) -> None:
+    write(tmp_path, "checks/printing.mlir", PRINTING + "// CHECK: ( 1, 2 )\n")
+    write(tmp_path, "checks/no_runner.mlir", "// RUN: mlir-opt %s | FileCheck %s\n// CHECK: func\nfunc.func @f() {\n  return\n}\n")
+    write(tmp_path, "elsewhere/printing.mlir", PRINTING + "// CHECK: ( 1, 2 )\n")
+    run = run_pytest(tmp_path, "-v", "--memkernel-mlir=checks", ".")
+    assert run.returncode == 0, run.stdout
+    assert "checks/printing.mlir::main PASSED" in run.stdout
+    assert "no_runner" not in run.stdout and "elsewhere" not in run.stdout
+    assert "1 passed" in run.stdout
+
+
+def test_the_ini_option_names_the_folders_too_and_a_folder_outside_the_arguments_is_collected(tmp_path: Path) -> None:
+    write(tmp_path, "checks/printing.mlir", PRINTING + "// CHECK: ( 1, 2 )\n")
+    write(tmp_path, "pytest.ini", "[pytest]\nmemkernel_mlir = checks\n")
+    write(tmp_path, "tests/test_nothing.py", "def test_nothing():\n    pass\n")
+    run = run_pytest(tmp_path, "-v", "tests")
+    assert run.returncode == 0, run.stdout
+    assert "checks/printing.mlir::main PASSED" in run.stdout and "2 passed" in run.stdout
+
+
+def test_output_that_misses_a_check_line_fails_with_filechecks_report_and_the_output(tmp_path: Path) -> None:
+    write(tmp_path, "checks/printing.mlir", PRINTING + "// CHECK: ( 1, 3 )\n")
+    run = run_pytest(tmp_path, "--memkernel-mlir=checks", "checks")
+    assert run.returncode == 1
+    assert "printing.mlir, RUN line 1 (@main):" in run.stdout
+    assert 'error: Couldn\'t match "( 1, 3 )"' in run.stdout
+    assert "The output was:\n( 1, 2 )" in run.stdout
+
+
+def test_an_entry_that_cannot_run_fails_with_memkernels_message(tmp_path: Path) -> None:
+    text = PRINTING.replace("-e main", "-e nowhere") + "// CHECK: ( 1, 2 )\n"
+    write(tmp_path, "checks/printing.mlir", text)
+    run = run_pytest(tmp_path, "--memkernel-mlir=checks", "checks")
+    assert run.returncode == 1
+    assert "RUN line 1 (@nowhere): " in run.stdout and "defines no function @nowhere" in run.stdout
+
+
+def test_several_run_lines_of_one_entry_are_several_tests_named_by_line(tmp_path: Path) -> None:
+    second = PRINTING.splitlines()[0].replace("FileCheck %s", "FileCheck %s --check-prefix=OTHER")
+    write(tmp_path, "checks/printing.mlir", second + "\n" + PRINTING + "// CHECK: ( 1, 2 )\n// OTHER: 2 )\n")
+    run = run_pytest(tmp_path, "-v", "--memkernel-mlir=checks", "checks")
+    assert run.returncode == 0, run.stdout
+    assert "printing.mlir::main:line1 PASSED" in run.stdout and "printing.mlir::main:line2 PASSED" in run.stdout
+
+
+@pytest.mark.parametrize(("command", "expected"), [
+    ("mlir-opt %s -test-lower-to-llvm | mlir-runner -e main -entry-point-result=void | FileCheck %s",
+     RunLine(1, "main", "void", (), 3, None, ("CHECK",))),
+    ("mlir-opt %s | mlir-runner -e=entry --entry-point-result i32 -O0 "
+     "-shared-libs=%mlir_lib_dir/libmlir_c_runner_utils%shlibext,%mlir_runner_utils | "
+     "FileCheck %s --check-prefixes=A,B",
+     RunLine(1, "entry", "i32", ("mlir_c_runner_utils", "mlir_runner_utils"), 0, None, ("A", "B"))),
+    ("memkernel run %s -e go --pipeline=fast -O2 -shared-libs=/opt/lib/libx.so",
+     RunLine(1, "go", "void", ("/opt/lib/libx.so",), 2, "fast", None)),
+])
+def test_a_run_line_gives_the_entry_its_result_libraries_level_pipeline_and_prefixes(command: str,
+                                                                                    expected: RunLine) -> None:
+    assert run_lines(f"// RUN: {command}\n") == [expected]
+
+
+def test_run_lines_join_continuations_and_skip_commands_that_run_no_entry() -> None:
+    text = ("// RUN: mlir-opt %s | FileCheck %s\n"
+            "// RUN: mlir-opt %s -pass \\\n"
+            "// RUN:   | mlir-runner -e f \\\n"
+            "// RUN:   -entry-point-result=f32 | FileCheck %s --check-prefix=F\n")
+    assert run_lines(text) == [RunLine(2, "f", "f32", (), 3, None, ("F",))]
