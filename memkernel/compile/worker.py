@@ -108,13 +108,13 @@ class _Process:
         self.requests, self.replies = self.popen.stdin, self.popen.stdout
         self.ready = False
 
-    def exchange(self, request: Any) -> tuple[str, Any, str]:
-        """Send ``request`` and read the reply; _Died if the worker ended first."""
+    def exchange(self, request: bytes) -> tuple[str, Any, str]:
+        """Send the pickled ``request`` and read the reply; _Died if the worker ended first."""
         try:
             if not self.ready:
                 self._receive()
                 self.ready = True
-            pickle.dump(request, self.requests, protocol=pickle.HIGHEST_PROTOCOL)
+            self.requests.write(request)
             self.requests.flush()
             return self._receive()
         except (EOFError, OSError, pickle.UnpicklingError):
@@ -173,11 +173,15 @@ class CompileWorker:
         naming the work, the signal and the worker's last lines on stderr.
         Anything else that interrupts the wait (a KeyboardInterrupt) ends the worker.
         """
+        request = pickle.dumps((function, args), protocol=pickle.HIGHEST_PROTOCOL)
         with self._lock:
+            if self._process is not None and self._process.popen.poll() is not None:
+                self._process.close()  # it ended while idle (killed from outside): not this request's doing
+                self._process = None
             process = self._process or _Process(self.options)
             self._process = process
             try:
-                status, value, stderr = process.exchange((function, args))
+                status, value, stderr = process.exchange(request)
             except _Died:
                 self._process = None
                 raise CompileError(self._crashed(what, process.death(), process.ready)) from None
@@ -349,7 +353,8 @@ def _reply(replies: IO[bytes], status: str, value: Any) -> None:
     stderr = _last(2, _REPLIED_BYTES)
     try:
         data = pickle.dumps((status, value, stderr), protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:  # an exception that does not pickle: send its text
+        pickle.loads(data)  # what the caller will do: an exception class may not rebuild from its args
+    except Exception as exc:  # send its text instead
         data = pickle.dumps(("raised", RuntimeError(f"{type(value).__name__}: {value} ({exc})"), stderr))
     replies.write(data)
     replies.flush()

@@ -241,3 +241,25 @@ def test_the_worker_ends_when_its_caller_dies(tmp_path):
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(pid)
+
+
+def test_a_worker_killed_while_idle_is_replaced_without_an_error():
+    check_add(add_kernel(cache=False))
+    pid = compile_worker.worker(()).pid()
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    while _alive(pid):
+        time.sleep(0.01)
+    check_add(add_kernel(cache=False))
+    assert compile_worker.worker(()).pid() not in (None, pid)
+
+
+def test_compile_worker_0_compiles_in_this_process(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("started a compile worker")
+
+    monkeypatch.setenv("MEMKERNEL_COMPILE_WORKER", "0")
+    monkeypatch.setattr(compile_worker, "_spawn", refuse)
+    check_add(add_kernel(cache=False))
+    source, name = unique_add()
+    assert f"llvm.func @{name}(" in mlir_kernel(source, name=name)(lambda a, b: None).ir("llvm")
