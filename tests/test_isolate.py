@@ -245,6 +245,15 @@ def test_in_place_kernel_on_a_transposed_view_writes_back(isolate):
     np.testing.assert_array_equal(base, expected)
 
 
+def test_a_read_only_input_view_is_read_in_the_worker_and_stays_read_only(floats):
+    a, b = floats
+    frozen = np.repeat(a, 2)
+    frozen.flags.writeable = False
+    out = add_kernel(isolate=True)(frozen[::2], b)
+    np.testing.assert_array_equal(out, a + b)
+    assert not frozen.flags.writeable
+
+
 @pytest.mark.parametrize("isolate", [True, False])
 def test_the_same_array_as_input_and_output_is_one_buffer(floats, isolate):
     a = floats[0].copy()
@@ -263,6 +272,34 @@ def test_isolated_results_equal_in_process_results_and_alias_the_same_arrays():
         assert type(total) is np.float32 and total == 10.0
         np.testing.assert_array_equal(fresh, np.full(3, 10.0, np.float32))
         assert not np.shares_memory(fresh, a)
+
+
+SHARED_RESULTS = """
+func.func @strided_pair(%n: index) -> (memref<?xf64>, memref<?xf64, strided<[2]>>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %m = memref.alloc(%n) : memref<?xf64>
+  scf.for %i = %c0 to %n step %c1 {
+    %ii = arith.index_cast %i : index to i64
+    %f = arith.sitofp %ii : i64 to f64
+    memref.store %f, %m[%i] : memref<?xf64>
+  }
+  %two = arith.constant 2 : index
+  %k = arith.divui %n, %two : index
+  %s = memref.subview %m[0] [%k] [2] : memref<?xf64> to memref<?xf64, strided<[2]>>
+  return %m, %s : memref<?xf64>, memref<?xf64, strided<[2]>>
+}"""
+
+
+def test_results_in_the_kernels_memory_keep_their_strides_and_their_sharing():
+    calls = {isolate: mlir_kernel(SHARED_RESULTS, isolate=isolate)(lambda n: None) for isolate in (True, False)}
+    for isolate, kernel in calls.items():
+        whole, evens = kernel(8)
+        np.testing.assert_array_equal(whole, np.arange(8.0))
+        np.testing.assert_array_equal(evens, np.arange(0.0, 8.0, 2))
+        assert evens.strides == (16,), isolate
+        whole[2] = -1.0
+        assert evens[1] == -1.0, isolate
 
 
 @pytest.mark.parametrize("n", [0, 1, 1000])

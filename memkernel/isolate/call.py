@@ -30,8 +30,8 @@ from ..kernel import Kernel
 from ..spec.contract import BufferContract
 from ..spec.signature import MemRefSpec
 from . import process
-from .definition import Definition, Result, Value
-from .shared import Layout, reach
+from .definition import Definition, Results, Value
+from .shared import Layout, Placed, page_aligned, reach
 
 
 _tokens = itertools.count()
@@ -75,7 +75,7 @@ class IsolatedRun:
             values: list[Value] = [self._value(b, c) for b, c in zip(self._binders, checked)]
             views: dict[int, np.ndarray] = {}
             for i, placed in zip(arrays, layout.placed):
-                views[i] = view = placed.view(segment.map)
+                views[i] = view = placed.view(segment.map, as_given=False)
                 if fresh[i]:
                     view.fill(0)
                 else:
@@ -85,7 +85,7 @@ class IsolatedRun:
             for i, view in views.items():
                 if self._written[i] or fresh[i]:
                     np.copyto(checked[i], view, casting="no")
-        returned = tuple(outputs) + tuple(self._result(r, layout) for r in results)
+        returned = tuple(outputs) + self._results(results, layout)
         if not returned:
             return None
         return returned[0] if len(returned) == 1 else returned
@@ -112,7 +112,7 @@ class IsolatedRun:
         return ("value", checked if not checked.size else None)  # a non-empty array is placed in the segment
 
     def _request(self, worker: process.Worker, values: list[Value], args: tuple[Any, ...],
-                 checked: list[Any]) -> list[Result]:
+                 checked: list[Any]) -> Results:
         self._define(worker)
         try:
             reply = worker.request(("call", self._token, values, len(self._outputs)), timeout=self._timeout)
@@ -164,14 +164,26 @@ class IsolatedRun:
         return ", ".join(shown)
 
     @staticmethod
-    def _result(result: Result, layout: Layout) -> Any:
-        if result[0] == "value":
-            return result[1]
-        _, offset, shape, strides, dtype = result
-        low, high = reach(shape, strides, dtype.itemsize)
-        found = layout.caller_address(offset + low, high - low)
+    def _results(results: Results, layout: Layout) -> tuple[Any, ...]:
+        """The results in the caller: values as they came, aliases as views of the caller's arrays, arrays
+        copied out of the worker's memory as views of one buffer (with their strides, sharing as they did)."""
+        copied = page_aligned(results.data) if results.data else None
+        decoded = []
+        for kind, item in results.items:
+            if kind == "value":
+                decoded.append(item)
+            elif kind == "copied":
+                decoded.append(item.view(copied))
+            else:
+                decoded.append(IsolatedRun._alias(item, layout))
+        return tuple(decoded)
+
+    @staticmethod
+    def _alias(placed: Placed, layout: Layout) -> np.ndarray:
+        dtype = np.dtype(placed.scalar_type)
+        low, high = reach(placed.shape, placed.strides, dtype.itemsize)
+        found = layout.caller_address(placed.offset + low, high - low)
         if found is None:
             raise RuntimeError("a returned memref reaches outside the memory of the call's arguments")
         address, owner = found
-        data = address - low
-        return np.asarray(ExposedMemory(owner, data, shape, strides, dtype.itemsize)).view(dtype)
+        return np.asarray(ExposedMemory(owner, address - low, placed.shape, placed.strides, dtype.itemsize)).view(dtype)

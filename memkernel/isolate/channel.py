@@ -32,23 +32,35 @@ def send(sock: socket.socket, message: Any, fds: Sequence[int] = ()) -> None:
         sock.sendall(payload)
 
 
-def receive(sock: socket.socket) -> tuple[Any, list[int]]:
-    """The next message and the descriptors sent with it; EOFError when the other end is gone."""
-    header = bytearray()
+def receive(sock: socket.socket, *, with_fds: bool = False) -> tuple[Any, list[int]]:
+    """The next message and the descriptors sent with it (``with_fds``); EOFError when the other end is gone.
+
+    The first read takes up to 64 KiB, so a small message costs one system call:
+    the two ends take turns (one reply per request), so it never reads into a
+    message that follows.
+    """
+    data = b""
     fds: list[int] = []
-    while len(header) < _HEADER.size:
-        data, more, _, _ = socket.recv_fds(sock, _HEADER.size - len(header), _MAX_FDS)
-        if not data:
+    while len(data) < _HEADER.size:
+        if with_fds:
+            more, received, _, _ = socket.recv_fds(sock, _SMALL, _MAX_FDS)
+            fds += received
+        else:
+            more = sock.recv(_SMALL)
+        if not more:
             raise EOFError("the other end of the channel closed it")
-        header += data
-        fds += more
-    (size,) = _HEADER.unpack(header)
+        data += more
+    (size,) = _HEADER.unpack_from(data)
+    end = _HEADER.size + size
+    if len(data) >= end:
+        return pickle.loads(memoryview(data)[_HEADER.size:end]), fds
     body = bytearray(size)
+    received_bytes = len(data) - _HEADER.size
+    body[:received_bytes] = memoryview(data)[_HEADER.size:]
     view = memoryview(body)
-    received = 0
-    while received < size:
-        count = sock.recv_into(view[received:])
+    while received_bytes < size:
+        count = sock.recv_into(view[received_bytes:])
         if not count:
             raise EOFError("the other end of the channel closed it")
-        received += count
+        received_bytes += count
     return pickle.loads(body), fds

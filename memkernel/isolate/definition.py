@@ -10,14 +10,15 @@ function itself is never sent, since every output crosses as ``out=``.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import inspect
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from .shared import Placed
+from .shared import Layout, Placed
 
 if TYPE_CHECKING:
     from ..kernel import Kernel, KernelOptions
@@ -25,8 +26,21 @@ if TYPE_CHECKING:
 Value = tuple[str, Any]
 """One argument of a call: ``("array", Placed)`` in the segment, or ``("value", v)`` sent as it is."""
 
-Result = tuple[Any, ...]
-"""One result: ``("value", v)``, or ``("alias", offset, shape, strides, dtype)`` for an array in the segment."""
+Result = tuple[str, Any]
+"""One result: ``("value", v)`` as it is, ``("alias", Placed)`` in the segment, or ``("copied", Placed)`` in
+the :class:`Results` bytes."""
+
+
+class Results(NamedTuple):
+    """A call's results as they cross: each item, and the bytes of the arrays copied out of the worker's memory.
+
+    Arrays the kernel returned in its own memory cross as the bytes they span,
+    laid out by a :class:`~memkernel.shared.Layout`: each keeps its strides,
+    and results that share a buffer in the worker share one in the caller.
+    """
+
+    items: list[Result]
+    data: bytes
 
 
 @dataclass(frozen=True)
@@ -54,14 +68,25 @@ class Definition:
         return self.options.decorator()(stand_in)
 
 
-def encode_results(results: tuple[Any, ...], base: int, size: int) -> list[Result]:
-    """The worker's results as they cross: arrays that lie in the segment (``[base, base + size)``) by place."""
-    encoded: list[Result] = []
+def encode_results(results: tuple[Any, ...], base: int, size: int) -> Results:
+    """The worker's results as they cross: arrays that lie in the segment (``[base, base + size)``) by place,
+    other arrays as the bytes they span."""
+    items: list[Result] = []
+    copied: list[np.ndarray] = []
     for result in results:
-        if isinstance(result, np.ndarray) and result.size and size:
+        if isinstance(result, np.ndarray) and result.size:
             address = int(result.__array_interface__["data"][0])
-            if base <= address < base + size:
-                encoded.append(("alias", address - base, result.shape, result.strides, result.dtype))
-                continue
-        encoded.append(("value", result))
-    return encoded
+            if size and base <= address < base + size:
+                items.append(("alias", Placed(address - base, result.shape, result.strides, result.dtype.type, True)))
+            else:
+                items.append(("copied", len(copied)))
+                copied.append(result)
+        else:
+            items.append(("value", result))
+    layout = Layout(copied)
+    data = bytearray(layout.size)
+    for region in layout.regions:
+        data[region.offset:region.offset + region.high - region.low] = ctypes.string_at(region.low,
+                                                                                        region.high - region.low)
+    items = [("copied", layout.placed[item]) if kind == "copied" else (kind, item) for kind, item in items]
+    return Results(items, bytes(data))

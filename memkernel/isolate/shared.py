@@ -14,7 +14,7 @@ from __future__ import annotations
 import mmap
 import os
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -51,11 +51,14 @@ class Placed(NamedTuple):
     scalar_type: type
     writeable: bool
 
-    def view(self, buffer: mmap.mmap) -> np.ndarray:
-        """This array in a mapping of the segment."""
+    def view(self, buffer: Any, *, as_given: bool = True) -> np.ndarray:
+        """This array in ``buffer``: a mapping of the segment, or the bytes results came back in.
+
+        ``as_given``: read-only if the caller's array is (the caller copies into a writable view).
+        """
         array = np.ndarray(self.shape, np.dtype(self.scalar_type), buffer=buffer, offset=self.offset,
                            strides=self.strides)
-        if not self.writeable:
+        if as_given and not self.writeable:
             array.flags.writeable = False
         return array
 
@@ -101,6 +104,15 @@ class Layout:
             if region.offset <= offset and offset + nbytes <= region.offset + region.high - region.low:
                 return region.low + offset - region.offset, region.owner
         return None
+
+
+def page_aligned(data: bytes) -> np.ndarray:
+    """A copy of ``data`` starting at a page boundary, so that a Layout's alignments hold in it."""
+    block = np.empty(len(data) + PAGE, np.uint8)
+    start = -block.ctypes.data % PAGE
+    aligned = block[start:start + len(data)]
+    aligned[:] = np.frombuffer(data, np.uint8)
+    return aligned
 
 
 class Segment:

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..kernel import Kernel
 from . import channel
-from .definition import Definition, Value, encode_results
+from .definition import Results, Value, encode_results
 
 _IONBF = 2
 _PR_SET_PDEATHSIG = 1
@@ -86,7 +86,7 @@ class _Server:
         os.close(fd)
         self.base = np.frombuffer(self.segment, np.uint8).ctypes.data
 
-    def _call(self, kernel: Kernel, values: list[Value], n_outputs: int) -> list[Any]:
+    def _call(self, kernel: Kernel, values: list[Value], n_outputs: int) -> Results:
         assert self.segment is not None or not any(v[0] == "array" for v in values)
         arguments = [_value(v, self.segment) for v in values]
         split = len(arguments) - n_outputs
@@ -94,7 +94,7 @@ class _Server:
         returned = kernel.invoker(tuple(arguments[:split]), {}, out)
         n_returned = n_outputs + len(kernel.spec.signature.results)
         if n_returned == 0:
-            return []
+            return Results([], b"")
         results = (returned,) if n_returned == 1 else returned
         return encode_results(results[n_outputs:], self.base, len(self.segment) if self.segment else 0)
 
@@ -115,7 +115,7 @@ def serve(fd: int, parent: int) -> None:
     sock = socket.socket(fileno=fd)
     while True:
         try:
-            message, fds = channel.receive(sock)
+            message, fds = channel.receive(sock, with_fds=True)
         except EOFError:
             return
         try:
