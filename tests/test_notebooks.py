@@ -243,6 +243,13 @@ def test_isolated_crash_is_an_exception_and_the_kernel_survives(tagged):
     assert shown[-1] == "this process is still here"
 
 
+def test_an_llvm_abort_while_compiling_is_a_compile_error_and_llvm_options_fix_it(tagged):
+    shown = stream_text(tagged["compile-worker"])
+    assert shown.startswith("CompileError: compiling @transpose crashed the compile worker: it was killed by SIGABRT")
+    assert "LLVM ERROR: Do not know how to widen the result of this operator!" in shown
+    assert shown.endswith("\nwith -enable-matrix, matches numpy: True\n")
+
+
 def test_dask_matmul_is_chunked_from_the_ir_and_matches_numpy(tagged):
     shown = lines(tagged, "dask")
     assert "indices=('ab', 'bc', 'ac'), reductions=frozenset({'b'})" in shown[0]
