@@ -219,7 +219,11 @@ PRESETS: dict[str, tuple[Strategy, ...]] = {
 }
 
 
+# The strategies' tile sizes not written in their scripts: part of what a preset does.
+_TUNING = (_MATMUL_BLOCK_ROWS, _MATMUL_REGISTER_ROWS, _CONV_COLUMNS, _CONV_FEATURE_VECTORS, _CONV_CHANNELS)
+
+
 def fingerprint(preset: str) -> str:
-    """What identifies a preset's behaviour in a cache key: its name, scripts and the vector width."""
-    texts = "".join(strategy.text for strategy in PRESETS[preset])
+    """What identifies a preset's behaviour in a cache key: its name, scripts, tile sizes and the vector width."""
+    texts = "".join(strategy.text for strategy in PRESETS[preset]) + repr(_TUNING)
     return f"{preset}:{host_vector_bits()}:{hashlib.sha256(texts.encode()).hexdigest()[:16]}"

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import memkernel.compile.pipeline
+import memkernel.compile.presets
 from memkernel import CompileError, mlir_kernel
 from memkernel.compile.presets import CONVOLUTIONS, PRESETS, Strategy
 from memkernel.spec.source import parse_source
@@ -342,6 +343,12 @@ def test_a_failing_strategy_leaves_the_module_unchanged():
         before = str(parsed.module)
         assert broken.applied(parsed.module) is parsed.module
         assert str(parsed.module) == before
+
+
+def test_the_fast_fingerprint_changes_with_the_tile_sizes(monkeypatch):
+    before = memkernel.compile.presets.fingerprint("fast")
+    monkeypatch.setattr(memkernel.compile.presets, "_TUNING", (1, 2, 3, 4, 5))
+    assert memkernel.compile.presets.fingerprint("fast") != before
 
 
 def test_unknown_preset_lists_the_presets():
