@@ -44,7 +44,7 @@ from . import display
 from .errors import MemkernelError
 from .kernel import Kernel, mlir_kernel
 from .spec.shapes import Dim, argument_of, structured_names, unconditional
-from .spec.signature import ArgSpec, MemRefSpec, ScalarSpec, UnrankedSpec, read_signature
+from .spec.signature import ArgSpec, MemRefSpec, ScalarSpec, Signature, UnrankedSpec, read_signature
 from .spec.source import MLIR_LOCK, ParsedSource, parse_source
 
 
@@ -736,14 +736,21 @@ def runner_kernel(source: str, path: str, entry: str, result: str, *, pipeline: 
             f"{path} defines no function @{entry} with a body; it defines: {', '.join(entries) or 'none'}. "
             "Pass -e NAME.")
 
+    with MLIR_LOCK, parsed.context:
+        _check_entry(read_signature(parsed.function(entry)), result)
+
     def no_arguments() -> None:
         return None
 
     no_arguments.__name__ = no_arguments.__qualname__ = entry
     no_arguments.__signature__ = inspect.Signature()  # type: ignore[attr-defined]
-    kernel = mlir_kernel(source, name=entry, pipeline=pipeline, opt_level=opt_level, shared_libs=shared_libs,
-                         capture_output=True)(no_arguments)
-    signature = kernel.mlir_signature
+    return mlir_kernel(source, name=entry, pipeline=pipeline, opt_level=opt_level, shared_libs=shared_libs,
+                       capture_output=True)(no_arguments)
+
+
+def _check_entry(signature: Signature, result: str) -> None:
+    """CommandLineError unless the entry takes no arguments and returns what ``result`` says."""
+    entry = signature.name
     if signature.args:
         raise CommandLineError(
             f"@{entry} takes {len(signature.args)} argument(s) ({', '.join(a.mlir for a in signature.args)}); "
@@ -755,7 +762,6 @@ def runner_kernel(source: str, path: str, entry: str, result: str, *, pipeline: 
             else "an entry point returning nothing, i32, i64 or f32"
         raise CommandLineError(f"@{entry} returns {shown}, but --entry-point-result={result} expects "
                                f"{'nothing' if result == 'void' else result}; pass {fix}.")
-    return kernel
 
 
 def runner_result(value: Any, result: str) -> str | None:

@@ -38,7 +38,6 @@ from ..errors import CompileError, SignatureError
 from .libraries import find_library
 from .presets import PRESETS, fingerprint
 from ..spec.signature import llvm_function_types
-from ..spec.signature import llvm_function_types
 from ..spec.source import MLIR_LOCK, shared_context
 
 DEFAULT = "default"
@@ -342,6 +341,8 @@ def apply_schedule(module: ir.Module, schedule: Schedule, source: str) -> None:
         raise CompileError(
             "the module's transform schedule failed:\n" + format_diagnostics(exc.error_diagnostics, source)
         ) from None
+    except ValueError as exc:  # how the interpreter reports a failed transform, its diagnostics in the text
+        raise CompileError(f"the module's transform schedule failed: {exc}") from None
 
 
 def strip_schedule(module: ir.Module) -> None:
@@ -366,27 +367,6 @@ def _scheduled(module: ir.Module, pipeline: Pipeline, source: str, point: str) -
     if pipeline.schedule != "skip":
         apply_schedule(module, schedule, source)
     strip_schedule(module)
-
-
-def add_llvm_c_interface(func: ir.Operation) -> None:
-    """Give an ``llvm.func`` kernel the ``_mlir_ciface_<name>`` entry a ``func.func`` gets from
-    ``llvm.emit_c_interface``: a function of the same scalar signature that calls it."""
-    name = ir.StringAttr(func.attributes["sym_name"]).value
-    inputs, outputs = llvm_function_types(func)
-    params = ", ".join(f"%a{i}: {t}" for i, t in enumerate(inputs))
-    args = ", ".join(f"%a{i}" for i in range(len(inputs)))
-    types = ", ".join(map(str, inputs))
-    if outputs:
-        result = str(outputs[0])
-        body = (f"%r = llvm.call @\"{name}\"({args}) : ({types}) -> {result}\n"
-                f"llvm.return %r : {result}")
-        returns = f" -> {result}"
-    else:
-        body, returns = f"llvm.call @\"{name}\"({args}) : ({types}) -> ()\nllvm.return", ""
-    callee = f"llvm.func @\"{name}\"({types}){returns}\n"  # parsed beside the wrapper, which refers to it
-    text = callee + f"llvm.func @\"_mlir_ciface_{name}\"({params}){returns} {{\n{body}\n}}"
-    wrapper = ir.Module.parse(text, func.context).body.operations[1]
-    func.parent.regions[0].blocks[0].append(wrapper.detach_from_parent())
 
 
 def add_llvm_c_interface(func: ir.Operation) -> None:
