@@ -154,12 +154,28 @@ def build(value: Any) -> Any:
     return value.build() if isinstance(value, ArrayRecipe) else value
 
 
-def outcome(kernel: Kernel, args: tuple[Any, ...], out: Any) -> tuple[str, Any, tuple[Any, ...]]:
+FORMS = ["positional", "positional", "out=None", "keywords", "uninterned out"]
+"""How a call passes its arguments: the compiled entry takes the first two (and out=None); the Python path
+binds the others."""
+
+
+def call(kernel: Kernel, args: tuple[Any, ...], out: Any, form: str) -> Any:
+    """``kernel(*args, out=out)``, its arguments passed as ``form`` says (``out=`` left out when None)."""
+    keywords = {} if out is None and form != "out=None" else {"out": out}
+    if form == "keywords":
+        names = [p.name for p in kernel.spec.parameters]
+        return kernel(**dict(zip(names, args)), **keywords)
+    if form == "uninterned out":
+        keywords = {"".join(["o", "ut"]): value for value in keywords.values()}
+    return kernel(*args, **keywords)
+
+
+def outcome(kernel: Kernel, args: tuple[Any, ...], out: Any, form: str) -> tuple[str, Any, tuple[Any, ...]]:
     """What a call gives: ("ok", returned, args) or ("error", exception type, args)."""
     built = tuple(build(a) for a in args)
     built_out = None if out is None else build(out)
     try:
-        returned = kernel(*built) if built_out is None else kernel(*built, out=built_out)
+        returned = call(kernel, built, built_out, form)
     except MemkernelError as exc:
         return "error", type(exc), built
     return "ok", returned, built
@@ -176,10 +192,11 @@ def same_bits(a: Any, b: Any) -> bool:
     return a.tobytes() == b.tobytes()
 
 
-def check_equivalent(fast: Kernel, checked: Kernel, args: tuple[Any, ...], out: Any = None) -> None:
-    got_fast = outcome(fast, args, out)
+def check_equivalent(fast: Kernel, checked: Kernel, args: tuple[Any, ...], out: Any = None,
+                     form: str = "positional") -> None:
+    got_fast = outcome(fast, args, out, form)
     took_fast = fast.invoker.last_path == "fast"
-    got_checked = outcome(checked, args, out)
+    got_checked = outcome(checked, args, out, form)
     assert checked.invoker.last_path == "checked"
     if took_fast:
         assert got_checked[0] == "ok", f"the fast path accepted what the checked path refuses: {got_checked[1]}"
@@ -193,11 +210,12 @@ def check_equivalent(fast: Kernel, checked: Kernel, args: tuple[Any, ...], out: 
             assert same_bits(a, b), "the two paths wrote different values into an argument"
 
 
-def pair(source: str, name: str, function: Any) -> tuple[Kernel, Kernel]:
-    """The kernel compiled with the fast path, and without."""
+def pair(source: str, name: str, function: Any, entry: bool = True) -> tuple[Kernel, Kernel]:
+    """The kernel compiled with the fast path (and a compiled entry, if ``entry``), and without."""
     fast = with_fast_path(mlir_kernel(source, name=name)(function))
     checked = with_fast_path(mlir_kernel(source, name=name, cache=False)(function), enabled=False)
     assert fast.invoker.fast is not None and checked.invoker.fast is None
+    assert (fast.invoker.entry is not None) == entry and checked.invoker.entry is None
     return fast, checked
 
 
@@ -211,7 +229,7 @@ def add():
 
 @pytest.fixture(scope="module")
 def stats():
-    return pair(STATS, "stats", lambda x, shift, flag, u, k, f, d, s: None)
+    return pair(STATS, "stats", lambda x, shift, flag, u, k, f, d, s: None, entry=False)  # results: none
 
 
 @pytest.fixture(scope="module")
@@ -238,7 +256,7 @@ def test_elementwise_add(add, data):
     a = data.draw(arrays(f32, st.just(shape)), label="a")
     b = data.draw(arrays(f32, other), label="b")
     out = data.draw(st.one_of(st.none(), arrays(f32, other)), label="out")
-    check_equivalent(*add, (a, b), out)
+    check_equivalent(*add, (a, b), out, data.draw(st.sampled_from(FORMS), label="form"))
 
 
 @EXAMPLES
@@ -260,7 +278,7 @@ def test_strided_layouts_and_a_float_scalar(scale, data):
     f64 = ["float64", "float64", "float32"]
     x = data.draw(arrays(f64, st.just(shape)), label="x")
     out = data.draw(st.one_of(st.none(), arrays(f64, st.just(shape)), arrays(f64, dims(len(shape)))), label="out")
-    check_equivalent(*scale, (x, data.draw(floats(64), label="s")), out)
+    check_equivalent(*scale, (x, data.draw(floats(64), label="s")), out, data.draw(st.sampled_from(FORMS), label="form"))
 
 
 @EXAMPLES
@@ -269,14 +287,15 @@ def test_static_shape_and_offset(shifted, data):
     x = data.draw(arrays(["float32", "float32", "float64"],
                          st.sampled_from([(3, 4), (3, 4), (4, 3), (3, 5), (12,)])), label="x")
     out = data.draw(st.one_of(st.none(), arrays(["float32"], st.sampled_from([(3, 4), (4, 3)]))), label="out")
-    check_equivalent(*shifted, (x,), out)
+    check_equivalent(*shifted, (x,), out, data.draw(st.sampled_from(FORMS), label="form"))
 
 
 @EXAMPLES
 @given(data=st.data())
 def test_an_argument_written_in_place(increment, data):
     x = data.draw(arrays(["int64", "int64", "uint64", "int32"], st.one_of(dims(1), dims(2))), label="x")
-    check_equivalent(*increment, (x, data.draw(integers(64, True, True), label="by")))
+    check_equivalent(*increment, (x, data.draw(integers(64, True, True), label="by")),
+                     form=data.draw(st.sampled_from(FORMS), label="form"))
 
 
 @pytest.fixture(scope="module")
