@@ -3,9 +3,10 @@
 The fast path (see :mod:`memkernel.fastpath.emitter`) reads numpy arrays,
 tuples, floats and ints directly in machine code. The offsets in :class:`Layout`
 are those of CPython 3.10-3.13 (standard, GIL builds) and numpy's
-``PyArrayObject_fields``. They are checked against live objects at the first
-compile of a kernel in the process (:func:`fast_path_supported`, once per
-process); if any check fails the fast path is switched off and every call takes
+``PyArrayObject_fields``; the compiled entry also allocates outputs with
+``PyArray_Zeros`` from numpy's C API table (:func:`numpy_api`). They are
+checked against live objects at the first compile of a kernel in the process
+(:func:`fast_path_supported`, once per process); if any check fails the fast path is switched off and every call takes
 the checked Python path, which gives the same answers. ``MEMKERNEL_FAST_PATH=0``
 in the environment switches it off too (:func:`fast_path_enabled`).
 """

@@ -18,6 +18,16 @@ the caller then takes the checked Python path, which handles (or explains)
 everything else. The fast path never accepts a value the Python path would
 refuse or convert.
 
+A kernel with no results and at most one output also gets a compiled entry,
+``__memkernel_entry_<name>``, a ``METH_FASTCALL | METH_KEYWORDS`` function
+called as the kernel itself is, ``kernel(*inputs)`` or ``kernel(*inputs,
+out=out)``: the same checks, then, without ``out=`` (or with ``out=None``), it
+allocates the output zero-filled through numpy's C API (``PyArray_Zeros``)
+when the output's dims are static or tied to input dims and its layout is the
+identity; it returns the output (None for an in-place kernel). Whatever it
+does not take (other keywords, declined values, outputs it cannot shape) it
+passes on, as it came, to the Python fallback held in its ``self``.
+
 Process-specific addresses (type objects, dtype objects, C API functions) are
 not compiled in: they live in the global table ``__memkernel_consts_<name>``,
 filled after loading (see :mod:`memkernel.fastpath.constants`), so the compiled
@@ -554,7 +564,8 @@ class _EntryGenerator:
 
 
 def fast_path(spec: KernelSpec, results: Sequence[ArgSpec]) -> FastPath | None:
-    """The fast path for a kernel, or None if one of its argument kinds is not handled.
+    """The fast path for a kernel (with its compiled entry, for a kernel with no results and at most one
+    output), or None if one of its argument kinds is not handled.
 
     Its arguments' contracts come from the inputs tuple (the first
     ``n_inputs``) and the outputs tuple. The shape ties and the overlap pairs
