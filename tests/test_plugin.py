@@ -4,6 +4,7 @@ test files collected as tests. Each case runs pytest in a subprocess on files wr
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -81,28 +82,40 @@ def test_not_memkernel():
 """
 
 
-def test_a_failure_from_a_kernel_call_names_the_kernel_and_the_line_it_was_decorated_at(tmp_path: Path) -> None:
-    path = write(tmp_path, "test_kernels.py", KERNEL_TESTS)
-    run = run_pytest(tmp_path, "test_kernels.py::test_wrong_dtype")
-    assert run.returncode == 1
-    assert "ArgumentError" in run.stdout
-    assert "- memkernel -" in run.stdout
-    assert f"kernel @add, decorated at {path}:10: @mlir_kernel(ADD)" in run.stdout
+def _sections(output: str) -> dict[str, str]:
+    """The failure reports of a pytest run's output, by test name."""
+    found = re.split(r"^_+ (test_\w+) _+$", output, flags=re.MULTILINE)
+    return dict(zip(found[1::2], found[2::2]))
 
 
-def test_a_failure_at_decoration_names_the_kernel_and_where_it_was_decorated(tmp_path: Path) -> None:
-    path = write(tmp_path, "test_kernels.py", KERNEL_TESTS)
-    run = run_pytest(tmp_path, "test_kernels.py::test_unsupported_type")
-    assert run.returncode == 1
-    assert "SignatureError" in run.stdout
-    assert f'kernel @seven, decorated at {path}:17: @mlir_kernel("func.func @seven' in run.stdout
+@pytest.fixture(scope="module")
+def kernel_failures(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    folder = tmp_path_factory.mktemp("kernels")
+    path = write(folder, "test_kernels.py", KERNEL_TESTS)
+    run = run_pytest(folder, "test_kernels.py")
+    assert run.returncode == 1 and "3 failed" in run.stdout, run.stdout
+    return path, _sections(run.stdout)
 
 
-def test_other_failures_get_no_memkernel_section(tmp_path: Path) -> None:
-    write(tmp_path, "test_kernels.py", KERNEL_TESTS)
-    run = run_pytest(tmp_path, "test_kernels.py::test_not_memkernel")
-    assert run.returncode == 1
-    assert "KeyError" in run.stdout and "- memkernel -" not in run.stdout
+def test_a_failure_from_a_kernel_call_names_the_kernel_and_the_line_it_was_decorated_at(
+        kernel_failures: tuple[Path, dict[str, str]]) -> None:
+    path, sections = kernel_failures
+    report = sections["test_wrong_dtype"]
+    assert "ArgumentError" in report and "- memkernel -" in report
+    assert f"kernel @add, decorated at {path}:10: @mlir_kernel(ADD)" in report
+
+
+def test_a_failure_at_decoration_names_the_kernel_and_where_it_was_decorated(
+        kernel_failures: tuple[Path, dict[str, str]]) -> None:
+    path, sections = kernel_failures
+    report = sections["test_unsupported_type"]
+    assert "SignatureError" in report
+    assert f'kernel @seven, decorated at {path}:17: @mlir_kernel("func.func @seven' in report
+
+
+def test_other_failures_get_no_memkernel_section(kernel_failures: tuple[Path, dict[str, str]]) -> None:
+    report = kernel_failures[1]["test_not_memkernel"]
+    assert "KeyError" in report and "- memkernel -" not in report
 
 
 def test_mlir_files_are_collected_from_the_given_folder_only_when_a_run_line_calls_an_entry(tmp_path: Path) -> None:
@@ -125,21 +138,15 @@ def test_the_ini_option_names_the_folders_too_and_a_folder_outside_the_arguments
     assert "checks/printing.mlir::main PASSED" in run.stdout and "2 passed" in run.stdout
 
 
-def test_output_that_misses_a_check_line_fails_with_filechecks_report_and_the_output(tmp_path: Path) -> None:
+def test_a_missed_check_line_or_an_entry_that_cannot_run_fails_with_a_report_that_says_why(tmp_path: Path) -> None:
     write(tmp_path, "checks/printing.mlir", PRINTING + "// CHECK: ( 1, 3 )\n")
+    write(tmp_path, "checks/nowhere.mlir", PRINTING.replace("-e main", "-e nowhere") + "// CHECK: ( 1, 2 )\n")
     run = run_pytest(tmp_path, "--memkernel-mlir=checks", "checks")
-    assert run.returncode == 1
+    assert run.returncode == 1 and "2 failed" in run.stdout
     assert "printing.mlir, RUN line 1 (@main):" in run.stdout
     assert 'error: Couldn\'t match "( 1, 3 )"' in run.stdout
     assert "The output was:\n( 1, 2 )" in run.stdout
-
-
-def test_an_entry_that_cannot_run_fails_with_memkernels_message(tmp_path: Path) -> None:
-    text = PRINTING.replace("-e main", "-e nowhere") + "// CHECK: ( 1, 2 )\n"
-    write(tmp_path, "checks/printing.mlir", text)
-    run = run_pytest(tmp_path, "--memkernel-mlir=checks", "checks")
-    assert run.returncode == 1
-    assert "RUN line 1 (@nowhere): " in run.stdout and "defines no function @nowhere" in run.stdout
+    assert "nowhere.mlir, RUN line 1 (@nowhere): " in run.stdout and "defines no function @nowhere" in run.stdout
 
 
 def test_several_run_lines_of_one_entry_are_several_tests_named_by_line(tmp_path: Path) -> None:

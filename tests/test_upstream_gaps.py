@@ -81,6 +81,35 @@ def test_a_transform_sequence_on_memref_code_is_applied_then_erased() -> None:
     assert "memref.subview" in scale.ir("vectorized") and "transform." not in scale.ir("vectorized")
 
 
+TOP_LEVEL_SCHEDULE = """
+module attributes {transform.with_named_sequence} {
+  func.func @add(%a: memref<10xf32>, %b: memref<10xf32>, %c: memref<10xf32>) {
+    linalg.add ins(%a, %b : memref<10xf32>, memref<10xf32>) outs(%c : memref<10xf32>)
+    return
+  }
+  transform.named_sequence @tile(%op: !transform.any_op {transform.consumed}) {
+    %t, %l = transform.structured.tile_using_for %op tile_sizes [4]
+      : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    transform.yield
+  }
+  transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {
+    %add = transform.structured.match ops{["linalg.add"]} in %root : (!transform.any_op) -> !transform.any_op
+    transform.include @tile failures(propagate) (%add) : (!transform.any_op) -> ()
+    transform.yield
+  }
+}"""
+
+
+def test_a_schedule_beside_the_kernel_in_the_top_module_may_include_helper_sequences() -> None:
+    @mlir_kernel(TOP_LEVEL_SCHEDULE, cache=False)
+    def add(a, b): ...
+
+    a = np.linspace(0, 1, 10, dtype=np.float32)
+    np.testing.assert_array_equal(add(a, a), a + a)
+    vectorized = add.ir("vectorized")
+    assert "scf.for" in vectorized and "transform" not in vectorized
+
+
 ANNOTATED = """
 func.func @add(%a: tensor<8xf32>, %b: tensor<8xf32>) -> tensor<8xf32> {
   %e = tensor.empty() : tensor<8xf32>
