@@ -719,9 +719,10 @@ def _entries(parsed: ParsedSource) -> list[str]:
 
 
 def runner_kernel(source: str, path: str, entry: str, result: str, *, pipeline: str | None = None,
-                  opt_level: int = 3, shared_libs: Sequence[str] = ()) -> Kernel:
+                  opt_level: int = 3, shared_libs: Sequence[str] = (), llvm_options: Sequence[str] = ()) -> Kernel:
     """The kernel ``memkernel run`` calls: ``@entry`` of ``source`` (read from ``path``), which must
     take no arguments and return what ``result`` (one of :data:`RUNNER_RESULTS`) says.
+    ``llvm_options`` are LLVM's command-line options for its code generation (``-enable-matrix``).
 
     Its printed output is captured into ``sys.stdout``/``sys.stderr``, in order with Python's.
     Raises CommandLineError, or the kernel's MLIRSyntaxError, SignatureError or CompileError.
@@ -745,7 +746,7 @@ def runner_kernel(source: str, path: str, entry: str, result: str, *, pipeline: 
     no_arguments.__name__ = no_arguments.__qualname__ = entry
     no_arguments.__signature__ = inspect.Signature()  # type: ignore[attr-defined]
     return mlir_kernel(source, name=entry, pipeline=pipeline, opt_level=opt_level, shared_libs=shared_libs,
-                       capture_output=True)(no_arguments)
+                       capture_output=True, llvm_options=llvm_options)(no_arguments)
 
 
 def _check_entry(signature: Signature, result: str) -> None:
@@ -788,7 +789,8 @@ def run_run(options: argparse.Namespace) -> int:
     source = _read_runner_source(options.file)
     path = "<stdin>" if options.file == "-" else options.file
     kernel = runner_kernel(source, path, options.entry, options.entry_point_result, pipeline=options.pipeline,
-                           opt_level=options.opt_level, shared_libs=_libraries(options.shared_libs))
+                           opt_level=options.opt_level, shared_libs=_libraries(options.shared_libs),
+                           llvm_options=options.llvm_options)
     printed = runner_result(kernel(), options.entry_point_result)
     if printed is not None:
         print(printed)
@@ -812,6 +814,9 @@ def add_run_command(commands: Any, common: argparse.ArgumentParser) -> None:
                      help="LLVM optimization level, -O0 to -O3 (default: 3)")
     run.add_argument("-pipeline", "--pipeline", dest="pipeline", default=None,
                      help='a preset ("default", "fast") or a pass pipeline (default: the default preset)')
+    run.add_argument("--llvm-option", dest="llvm_options", action="append", default=[], metavar="-OPTION",
+                     help="an LLVM option for code generation, such as --llvm-option=-enable-matrix "
+                          "(which mlir-runner takes as -enable-matrix)")
     run.set_defaults(run=run_run)
 
 

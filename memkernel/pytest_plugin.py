@@ -13,8 +13,8 @@ checkout, ``pytest -p memkernel.pytest_plugin`` loads it.
     Collects the ``.mlir`` files under DIR whose ``// RUN:`` lines run an entry point
     (``mlir-runner``, ``mlir-cpu-runner`` or ``memkernel run``): one test per such RUN
     line, which compiles the file with memkernel, calls the entry as ``mlir-runner``
-    does (``-e``, ``-entry-point-result``, ``-shared-libs``, ``-O``; ``--pipeline`` of a
-    ``memkernel run`` line) and checks what it prints against the file's ``CHECK``
+    does (``-e``, ``-entry-point-result``, ``-shared-libs``, ``-O``, and LLVM's own options
+    such as ``-enable-matrix``; ``--pipeline`` of a ``memkernel run`` line) and checks what it prints against the file's ``CHECK``
     lines (the RUN line's ``FileCheck --check-prefix(es)``) with the ``filecheck``
     package. The ``mlir-opt`` part of a RUN line is not run: memkernel's own pipeline
     lowers the file, and applies a transform schedule it carries.
@@ -26,6 +26,7 @@ When a test fails with a :class:`~memkernel.errors.MemkernelError`, its report g
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import linecache
 import os
@@ -148,6 +149,7 @@ class RunLine:
     opt_level: int = 3
     pipeline: str | None = None
     check_prefixes: tuple[str, ...] | None = None
+    llvm_options: tuple[str, ...] = ()
 
 
 def _commands(text: str) -> Iterator[tuple[int, str]]:
@@ -185,14 +187,20 @@ def _option(words: list[str], i: int, *names: str) -> tuple[str, int] | None:
     return None
 
 
+_TARGET_OPTIONS = re.compile(r"--?(march|mattr|mcpu|dump-object-file|object-filename)(=.*)?")
+"""Options of mlir-runner that memkernel does without: it compiles for the host CPU, in memory."""
+
+
 def _runner_options(words: list[str], line: int) -> RunLine:
-    entry, result, libs, opt, pipeline = "main", "void", [], 3, None
+    """The entry, result, libraries, level and pipeline of a runner's options; its other options that
+    start with a dash are LLVM's (``-enable-matrix``), but for the target's, which are dropped."""
+    entry, result, libs, opt, pipeline, llvm = "main", "void", [], 3, None, []
     i = 1
     while i < len(words):
         if re.fullmatch(r"-O[0-3]", words[i]):
             opt, i = int(words[i][2]), i + 1
             continue
-        for names in (("e",), ("entry-point-result",), ("shared-libs",), ("pipeline",)):
+        for names in (("e",), ("entry-point-result",), ("shared-libs",), ("pipeline",), ("llvm-option",)):
             found = _option(words, i, *names)
             if found is not None:
                 value, i = found
@@ -202,12 +210,16 @@ def _runner_options(words: list[str], line: int) -> RunLine:
                     result = value
                 elif names == ("shared-libs",):
                     libs += [_library(lib) for lib in value.split(",") if lib]
-                else:
+                elif names == ("pipeline",):
                     pipeline = value
+                else:
+                    llvm.append(value)
                 break
         else:
+            if words[i].startswith("-") and not _TARGET_OPTIONS.fullmatch(words[i]):
+                llvm.append(words[i])
             i += 1
-    return RunLine(line, entry, result, tuple(libs), opt, pipeline)
+    return RunLine(line, entry, result, tuple(libs), opt, pipeline, None, tuple(llvm))
 
 
 def _check_prefixes(words: list[str]) -> tuple[str, ...]:
@@ -231,8 +243,7 @@ def run_lines(text: str) -> list[RunLine]:
         run = _runner_options(words, line)
         checker = next((s for s in stages if s and s[0] in ("FileCheck", "filecheck")), None)
         prefixes = _check_prefixes(checker) if checker is not None else None
-        found.append(RunLine(run.line, run.entry, run.result, run.shared_libs, run.opt_level, run.pipeline,
-                             prefixes))
+        found.append(dataclasses.replace(run, check_prefixes=prefixes))
     return found
 
 
@@ -245,7 +256,7 @@ def run_entry(path: Path, run: RunLine) -> str:
     from .cli import runner_kernel, runner_result
 
     kernel = runner_kernel(path.read_text(), str(path), run.entry, run.result, pipeline=run.pipeline,
-                           opt_level=run.opt_level, shared_libs=run.shared_libs)
+                           opt_level=run.opt_level, shared_libs=run.shared_libs, llvm_options=run.llvm_options)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         value = kernel()

@@ -34,6 +34,7 @@ def test_every_mlir_file_is_collected_once_per_run_line_and_passes_its_checks() 
     assert run.returncode == 0, run.stdout + run.stderr
     passed = sorted(re.findall(r"(\S+\.mlir::\S+) PASSED", run.stdout))
     assert passed == [
+        "tests/mlir/matrix_intrinsic.mlir::main",
         "tests/mlir/memref_sequence.mlir::main",
         "tests/mlir/printed_memref.mlir::main",
         "tests/mlir/printed_vectors.mlir::main",

@@ -164,10 +164,14 @@ def test_several_run_lines_of_one_entry_are_several_tests_named_by_line(tmp_path
      "-shared-libs=%mlir_lib_dir/libmlir_c_runner_utils%shlibext,%mlir_runner_utils | "
      "FileCheck %s --check-prefixes=A,B",
      RunLine(1, "entry", "i32", ("mlir_c_runner_utils", "mlir_runner_utils"), 0, None, ("A", "B"))),
-    ("memkernel run %s -e go --pipeline=fast -O2 -shared-libs=/opt/lib/libx.so",
-     RunLine(1, "go", "void", ("/opt/lib/libx.so",), 2, "fast", None)),
+    ("memkernel run %s -e go --pipeline=fast -O2 -shared-libs=/opt/lib/libx.so --llvm-option=-enable-matrix",
+     RunLine(1, "go", "void", ("/opt/lib/libx.so",), 2, "fast", None, ("-enable-matrix",))),
+    ("mlir-runner -e main -enable-matrix -march=x86-64 -mattr=+avx2 -matrix-default-layout=row-major "
+     "-shared-libs=%mlir_c_runner_utils",
+     RunLine(1, "main", "void", ("mlir_c_runner_utils",), 3, None, None,
+             ("-enable-matrix", "-matrix-default-layout=row-major"))),
 ])
-def test_a_run_line_gives_the_entry_its_result_libraries_level_pipeline_and_prefixes(command: str,
+def test_a_run_line_gives_the_entry_its_result_libraries_level_pipeline_prefixes_and_llvm_options(command: str,
                                                                                     expected: RunLine) -> None:
     assert run_lines(f"// RUN: {command}\n") == [expected]
 

@@ -414,6 +414,15 @@ func.func @main() {
     assert run.stdout.splitlines()[1] == "[" + ",  ".join(["4"] * 10) + "]"
 
 
+def test_run_passes_llvm_options_on() -> None:
+    path = Path(__file__).parent / "mlir" / "matrix_intrinsic.mlir"
+    run = memkernel_run(str(path), "--llvm-option=-enable-matrix")
+    assert (run.returncode, run.stdout) == (0, "( 3, 4, 1, 2 )\n")
+    without = memkernel_run(str(path))
+    assert without.returncode == 1 and "Cannot select: intrinsic %llvm.matrix.multiply" in without.stderr
+    assert "pass llvm_options=" in without.stderr
+
+
 @pytest.mark.xfail(strict=True, reason="needs memkernel/spec/analysis.py to skip the memref analyses of a "
                                        "signature without memrefs (see the report of issue 11's upstream gaps)")
 def test_run_calls_an_llvm_func_entry() -> None:
