@@ -133,7 +133,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 # -- MLIR test files ------------------------------------------------------------------------
 
-_RUN = re.compile(r"^\s*//\s*RUN:\s?(.*)$")
+_DIRECTIVE = re.compile(r"^\s*//\s*(RUN|DEFINE):\s?(.*)$")
+_DEFINITION = re.compile(r"\s*(%\{[\w.-]+\})\s*=(.*)")
 _RUNNERS = ("mlir-runner", "mlir-cpu-runner")
 _LIBRARY = re.compile(r"%mlir_lib_dir/lib(\w+)%shlibext|%(mlir_\w+)")
 
@@ -152,20 +153,35 @@ class RunLine:
     llvm_options: tuple[str, ...] = ()
 
 
-def _commands(text: str) -> Iterator[tuple[int, str]]:
-    """Each RUN command of ``text`` with its first line number, continuation lines (``\\``) joined."""
+def _directives(text: str) -> Iterator[tuple[int, str, str]]:
+    """Each RUN or DEFINE directive of ``text``: its first line number, kind and text, continuation
+    lines (``\\``) joined."""
     pending, start = "", 0
     for number, line in enumerate(text.splitlines(), start=1):
-        found = _RUN.match(line)
+        found = _DIRECTIVE.match(line)
         if found is None:
             continue
-        part = found.group(1).rstrip()
+        part = found.group(2).rstrip()
         start = start or number
         if part.endswith("\\"):
             pending += part[:-1] + " "
             continue
-        yield start, pending + part
+        yield start, found.group(1), pending + part
         pending, start = "", 0
+
+
+def _commands(text: str) -> Iterator[tuple[int, str]]:
+    """Each RUN command of ``text`` with its line number, lit's ``%{name}`` of DEFINE lines substituted."""
+    defined: dict[str, str] = {}
+    for line, kind, command in _directives(text):
+        definition = _DEFINITION.fullmatch(command) if kind == "DEFINE" else None
+        if definition is not None:
+            defined[definition.group(1)] = definition.group(2).strip()
+            continue
+        for _ in range(len(defined) + 1):  # definitions may use earlier ones
+            for name, value in defined.items():
+                command = command.replace(name, value)
+        yield line, command
 
 
 def _library(name: str) -> str:

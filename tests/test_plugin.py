@@ -182,3 +182,11 @@ def test_run_lines_join_continuations_and_skip_commands_that_run_no_entry() -> N
             "// RUN:   | mlir-runner -e f \\\n"
             "// RUN:   -entry-point-result=f32 | FileCheck %s --check-prefix=F\n")
     assert run_lines(text) == [RunLine(2, "f", "f32", (), 3, None, ("F",))]
+
+
+def test_run_lines_substitute_lits_definitions() -> None:
+    text = ("// DEFINE: %{entry} = go\n"
+            "// DEFINE: %{run} = mlir-runner %t -e %{entry} \\\n"
+            "// DEFINE:    -entry-point-result=i64 -shared-libs=%mlir_runner_utils\n"
+            "// RUN: %{run} | FileCheck %s\n")
+    assert run_lines(text) == [RunLine(4, "go", "i64", ("mlir_runner_utils",), 3, None, ("CHECK",))]
