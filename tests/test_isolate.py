@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 import time
 
 import numpy as np
@@ -106,8 +107,8 @@ def test_null_pointer_store_raises_kernel_crashed_and_the_next_call_works(floats
     assert isinstance(error, MemkernelError) and isinstance(error, RuntimeError)
     assert error.signal == "SIGSEGV" and error.kernel == "poke"
     assert error.arguments == "address=0, value=1.5"
-    assert str(error).startswith("poke(address=0, value=1.5): the worker process running the call was killed by "
-                                 "SIGSEGV")
+    assert str(error).startswith("poke(address=0, value=1.5): the worker process was killed by SIGSEGV while "
+                                 "running the call. Your process and arrays are unharmed")
     a, b = floats
     np.testing.assert_array_equal(add_kernel(isolate=True)(a, b), a + b)
     with pytest.raises(KernelCrashed, match="SIGSEGV"):  # and again: every crash restarts the worker
@@ -172,8 +173,8 @@ def test_an_abort_carries_the_signal_and_what_the_kernel_wrote_on_stderr(capsys)
 
 def test_a_kernel_that_exits_the_worker_is_a_crash_with_its_status():
     give_up = mlir_kernel(GIVE_UP, isolate=True)(lambda status: None)
-    with pytest.raises(KernelCrashed, match=r"give_up\(status=3\): the worker process running the call exited "
-                                             r"with status 3") as caught:
+    with pytest.raises(KernelCrashed, match=r"give_up\(status=3\): the worker process exited with status 3 "
+                                             r"while running the call") as caught:
         give_up(3)
     assert caught.value.signal is None
 
@@ -193,6 +194,16 @@ def test_a_forked_child_gets_a_worker_of_its_own(floats):
     assert os.waitstatus_to_exitcode(status) == 0
     assert parent_worker.alive()
     np.testing.assert_array_equal(add(b, b), b + b)
+
+
+def test_a_worker_that_cannot_start_is_a_kernel_crashed(monkeypatch, floats):
+    add = add_kernel(isolate=True)
+    memkernel.isolate.process.worker().kill()
+    monkeypatch.setattr(sys, "executable", "/bin/false")
+    with pytest.raises(KernelCrashed, match=r"^add\(\): the worker process exited with status 1 while starting"):
+        add(*floats)
+    monkeypatch.undo()
+    np.testing.assert_array_equal(add(*floats), floats[0] + floats[1])
 
 
 # -- hangs ------------------------------------------------------------------------------

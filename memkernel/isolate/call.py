@@ -61,7 +61,7 @@ class IsolatedRun:
         self._token = f"{next(_tokens)}-{spec.name}"
         self._timeout = kernel.options.timeout
         with process.lock():
-            self._define(process.worker())
+            self._define(self._worker())
 
     def __call__(self, args: tuple[Any, ...], given: tuple[Any, ...]) -> Any:
         """The kernel's return value for the bound inputs ``args`` and the outputs ``given`` (None: allocate)."""
@@ -70,7 +70,7 @@ class IsolatedRun:
                   if not isinstance(b, ScalarBinder) and c.size]
         layout = Layout([checked[i] for i in arrays])
         with process.lock():
-            worker = process.worker()
+            worker = self._worker()
             segment = worker.segment_for(layout.size)
             values: list[Value] = [self._value(b, c) for b, c in zip(self._binders, checked)]
             views: dict[int, np.ndarray] = {}
@@ -126,6 +126,13 @@ class IsolatedRun:
             ) from None
         return self._reply(reply)
 
+    def _worker(self) -> process.Worker:
+        """The running worker, started now if needed; KernelCrashed if it dies while starting."""
+        try:
+            return process.worker()
+        except process.WorkerDied as died:
+            raise self._crashed(died, "", "starting") from None
+
     def _define(self, worker: process.Worker) -> None:
         """Have the worker build and compile the kernel, unless it has since it started."""
         if self._token in worker.defined:
@@ -147,7 +154,7 @@ class IsolatedRun:
         how = f"was killed by {died.signal}" if died.signal else f"exited with status {died.status}"
         output = f" Its last lines on stderr:\n{died.output}" if died.output.strip() else ""
         return KernelCrashed(
-            f"{self._kernel}({summary}): the worker process {doing} {how}. Your process and arrays are "
+            f"{self._kernel}({summary}): the worker process {how} while {doing}. Your process and arrays are "
             f"unharmed (arrays the kernel may write keep their values from before the call); the next call "
             f"starts a new worker.{output}",
             signal=died.signal, kernel=self._kernel, arguments=summary, output=died.output,
