@@ -9,6 +9,9 @@
 ``memkernel bench FILE.mlir FUNC --shape NAME=NxM ... [--scalar NAME=VALUE ...]``
     Times calls on random inputs and splits the time into wrapper overhead
     and kernel time, with GB/s and, for linalg ops, GFLOP/s.
+``memkernel run FILE.mlir [-e main] [-entry-point-result=void|i32|i64|f32] [-shared-libs=...] [-O3] ...``
+    Runs an MLIR test file's entry point as ``mlir-runner`` does and prints what
+    it prints (see :func:`add_run_command`); ``-`` reads standard input.
 
 Arguments are named as in the MLIR source (``%a`` is ``a``; a name that is
 not a Python identifier becomes ``arg<i>``). The convention is the one of a
