@@ -20,6 +20,10 @@ interpreter where upstream's tests apply it: before bufferization (and before
 a preset's strategies) by default, or after it (``schedule=``); the transform
 ops are then erased, so only the code they transformed is lowered. With a
 custom pipeline the schedule is applied before that pipeline runs.
+
+Before any pipeline, the ``func.func`` declarations nothing refers to are
+dropped: a test file may declare runtime functions it never calls, with types
+that would not lower or that no library at hand defines.
 """
 
 from __future__ import annotations
