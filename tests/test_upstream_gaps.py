@@ -311,6 +311,24 @@ def test_every_small_float_value_extends_to_f32_as_ml_dtypes_says(mlir: str) -> 
     np.testing.assert_array_equal(convert(every), every.astype(np.float32))
 
 
+@pytest.mark.parametrize("mlir", SMALL_FLOATS)
+def test_small_float_scalars_pass_in_and_come_back(mlir: str) -> None:
+    @mlir_kernel(f"""
+func.func @add(%x: {mlir}, %y: f32) -> {mlir} {{
+  %e = arith.extf %x : {mlir} to f32
+  %s = arith.addf %e, %y : f32
+  %t = arith.truncf %s : f32 to {mlir}
+  return %t : {mlir}
+}}""", cache=False)
+    def add(x, y): ...
+
+    dtype = SMALL_FLOATS[mlir]
+    for x, y in [(1.5, 1.0), (-2.0, 0.5), (3.0, 3.0), (0.5, -0.25)]:
+        result = add(dtype(x), y)
+        assert result.dtype == np.dtype(dtype)
+        assert result == (np.float32(dtype(x)) + np.float32(y)).astype(dtype)
+
+
 def test_small_float_types_map_to_ml_dtypes() -> None:
     with ir.Context():
         for mlir, dtype in SMALL_FLOATS.items():
