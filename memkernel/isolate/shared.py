@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import mmap
 import os
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -63,8 +62,7 @@ class Placed(NamedTuple):
         return array
 
 
-@dataclass(frozen=True)
-class _Region:
+class _Region(NamedTuple):
     low: int
     high: int
     offset: int
