@@ -31,7 +31,7 @@ from ..spec.contract import BufferContract
 from ..spec.signature import MemRefSpec
 from . import process
 from .definition import Definition, Results, Value
-from .shared import Layout, Placed, page_aligned, reach
+from .shared import Layout, Placed, Segment, page_aligned, reach
 
 
 _tokens = itertools.count()
@@ -71,16 +71,8 @@ class IsolatedRun:
         layout = Layout([checked[i] for i in arrays])
         with process.lock():
             worker = self._worker()
-            segment = worker.segment_for(layout.size)
             values: list[Value] = [self._value(b, c) for b, c in zip(self._binders, checked)]
-            views: dict[int, np.ndarray] = {}
-            for i, placed in zip(arrays, layout.placed):
-                views[i] = view = placed.view(segment.map, as_given=False)
-                if fresh[i]:
-                    view.fill(0)
-                else:
-                    np.copyto(view, checked[i], casting="no")
-                values[i] = ("array", placed)
+            views = self._copy_in(worker.segment_for(layout.size), layout, arrays, checked, fresh, values)
             results = self._request(worker, values, args, checked)
             for i, view in views.items():
                 if self._written[i] or fresh[i]:
@@ -104,6 +96,21 @@ class IsolatedRun:
                                  for b, c in zip(self._binders, checked)])
         fresh = [False] * len(self._inputs) + [g is None for g in given]
         return checked, outputs, fresh
+
+    @staticmethod
+    def _copy_in(segment: Segment, layout: Layout, arrays: list[int], checked: list[Any], fresh: list[bool],
+                 values: list[Value]) -> dict[int, np.ndarray]:
+        """Copy the call's arrays into the segment (zero-fill the outputs allocated for it) and say where they
+        are in ``values``; returns each array's view of the segment, by argument index."""
+        views: dict[int, np.ndarray] = {}
+        for i, placed in zip(arrays, layout.placed):
+            views[i] = view = placed.view(segment.map, as_given=False)
+            if fresh[i]:
+                view.fill(0)
+            else:
+                np.copyto(view, checked[i], casting="no")
+            values[i] = ("array", placed)
+        return views
 
     @staticmethod
     def _value(binder: Binder, checked: Any) -> Value:
