@@ -55,6 +55,16 @@ func.func @increment(%x: memref<?xi64>) {
   return
 }"""
 
+TOTAL = """
+func.func @total(%x: memref<?xf32>, %s: memref<f32>) {
+  linalg.reduce ins(%x : memref<?xf32>) outs(%s : memref<f32>) dimensions = [0]
+    (%in: f32, %acc: f32) {
+      %r = arith.addf %in, %acc : f32
+      linalg.yield %r : f32
+    }
+  return
+}"""
+
 SUM = """
 func.func @total(%x: memref<?xf64>) -> f64 {
   %c0 = arith.constant 0 : index
@@ -171,6 +181,16 @@ def test_an_allocation_numpy_refuses_is_explained_by_the_python_path():
         too_big(x)
     with pytest.raises(ShapeError, match=re.escape(str(expected.value))):
         too_big(x, out=None)
+
+
+def test_a_0_d_output_that_the_kernel_accumulates_into_starts_at_zero(python_allocation_refused):
+    total = with_fast_path(mlir_kernel(TOTAL, cache=False)(lambda x: None))
+    assert _has_entry(total)
+    x = np.arange(10, dtype=np.float32)
+    for _ in range(3):  # each call a fresh zero: nothing carried over from the last
+        got = total(x)
+        assert got.shape == () and got.dtype == np.float32 and got == x.sum()
+    assert total.invoker.last_path == "fast"
 
 
 def test_an_output_the_ties_do_not_shape_is_shaped_by_the_python_path(monkeypatch):
