@@ -7,8 +7,10 @@ the same answers and the same errors.
 
 from __future__ import annotations
 
+import gc
 import re
 import sys
+import weakref
 
 import numpy as np
 import pytest
@@ -240,6 +242,17 @@ def test_references_are_counted_right():
     assert [sys.getrefcount(x) for x in (out, a, b, dtype, None)] == before
     made = add(a, b)
     assert sys.getrefcount(made) == 2  # ``made`` and the argument
+
+
+def test_a_kernel_called_through_its_entry_is_collected_when_dropped():
+    """The entry holds the invoker (through its fallback) and the invoker the entry: a cycle the GC frees."""
+    add = with_fast_path(_add())
+    a, b = _operands()
+    add(a, b)
+    kernel, invoker, kernel_type = weakref.ref(add), weakref.ref(add.invoker), weakref.ref(type(add))
+    del add
+    gc.collect()
+    assert kernel() is None and invoker() is None and kernel_type() is None
 
 
 @pytest.mark.parametrize("make", [
