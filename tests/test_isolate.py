@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import sys
+import threading
 import time
 
 import numpy as np
@@ -219,6 +221,18 @@ def test_timeout_ends_a_hanging_call_and_the_next_call_works(floats):
     assert str(caught.value).startswith("spin(n=3) ran longer than timeout=0.5 s")
     a, b = floats
     np.testing.assert_array_equal(add_kernel(isolate=True, timeout=5)(a, b), a + b)
+
+
+def test_ctrl_c_ends_a_hanging_isolated_call_and_the_next_call_works(floats):
+    spin = mlir_kernel(SPIN, isolate=True)(lambda n: None)
+    add = add_kernel(isolate=True)
+    timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        spin(1)
+    timer.join()
+    a, b = floats
+    np.testing.assert_array_equal(add(a, b), a + b)
 
 
 # -- what the kernel writes -----------------------------------------------------------
