@@ -257,8 +257,6 @@ def test_an_llvm_func_compiles_with_a_c_interface_and_computes() -> None:
     assert result.value == 10.5
 
 
-@pytest.mark.xfail(strict=True, reason="needs memkernel/spec/analysis.py to skip the memref analyses of a "
-                                       "signature without memrefs (see the report of issue 11's upstream gaps)")
 def test_an_llvm_func_is_called_like_a_func_func() -> None:
     @mlir_kernel(LLVM_FUNCTIONS, cache=False)
     def scaled(n, x): ...
@@ -441,8 +439,6 @@ def test_run_passes_llvm_options_on() -> None:
     assert "pass llvm_options=" in without.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="needs memkernel/spec/analysis.py to skip the memref analyses of a "
-                                       "signature without memrefs (see the report of issue 11's upstream gaps)")
 def test_run_calls_an_llvm_func_entry() -> None:
     run = memkernel_run("-", "-e", "answer", "-entry-point-result=i32", stdin=LLVM_FUNCTIONS)
     assert (run.returncode, run.stdout) == (0, "42\n")

@@ -170,7 +170,8 @@ def analyse(parsed: ParsedSource, function: Callable[..., Any], name: str) -> Ke
     """
     with MLIR_LOCK, parsed.context:
         signature = read_signature(parsed.function(name))
-        written = written_arguments(parsed.module, name)
+        buffers = any(not isinstance(a, ScalarSpec) for a in signature.args)  # an llvm.func takes scalars only
+        written = written_arguments(parsed.module, name) if buffers else frozenset()
     parameters = _parameters(name, function, signature)
     returned = inspect.signature(function).return_annotation
     n_inputs = len(parameters)
@@ -180,7 +181,7 @@ def analyse(parsed: ParsedSource, function: Callable[..., Any], name: str) -> Ke
         for i, spec in enumerate(signature.args)
     )
     with MLIR_LOCK, parsed.context:
-        ties, bounds = ir_rules(parsed.module, name, signature.args)
+        ties, bounds = ir_rules(parsed.module, name, signature.args) if buffers else ([], [])
         asserts = _has_assertions(parsed.module)
     named, names, outputs = named_rules(name, parameters, returned, signature.args)
     shapes = ShapeRules(tuple(ties + named), tuple(bounds), names, outputs)
