@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import memkernel.isolate
-from memkernel import (ArgumentError, CompileError, KernelCrashed, KernelTimeout, MemkernelError, ShapeError, SignatureError,
-                       mlir_kernel)
+from memkernel import (ArgumentError, CompileError, KernelCrashed, KernelTimeout, MemkernelError, ShapeError,
+                       SignatureError, mlir_kernel)
 
 from .kernels import elementwise
 

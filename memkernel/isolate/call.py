@@ -83,7 +83,8 @@ class IsolatedRun:
         return returned[0] if len(returned) == 1 else returned
 
     def _checked(self, args: tuple[Any, ...], given: tuple[Any, ...]) -> tuple[list[Any], tuple[Any, ...], list[bool]]:
-        """Each argument checked and converted, the outputs allocated, the shape rules checked (as the call plan does)."""
+        """Each argument checked and converted, the outputs allocated, the shape rules checked, as the call
+        plan does; and which outputs were allocated here."""
         state = CallState()
         checked = [binder.check(value, state) for binder, value in zip(self._inputs, args)]
         outputs = given
@@ -127,9 +128,9 @@ class IsolatedRun:
             raise self._crashed(died, self._summary(args, checked), "running the call") from None
         except process.WorkerTimedOut:
             raise KernelTimeout(
-                f"{self._kernel}({self._summary(args, checked)}) ran longer than timeout={self._timeout:g} s; its worker "
-                "process was killed and starts afresh at the next call. Raise timeout= if the kernel needs longer; "
-                "the arrays it may write were left as they were before the call."
+                f"{self._kernel}({self._summary(args, checked)}) ran longer than timeout={self._timeout:g} s; its "
+                "worker process was killed and starts afresh at the next call. Raise timeout= if the kernel needs "
+                "longer; the arrays it may write were left as they were before the call."
             ) from None
         return self._reply(reply)
 

@@ -97,7 +97,8 @@ class Layout:
         self.size = cursor
 
     def caller_address(self, offset: int, nbytes: int) -> tuple[int, np.ndarray] | None:
-        """The caller's address of ``nbytes`` at segment ``offset``, and the array that owns it; None if no region holds them."""
+        """The caller's address of ``nbytes`` at segment ``offset`` and the array that owns it; None if no
+        region holds them."""
         for region in self.regions:
             if region.offset <= offset and offset + nbytes <= region.offset + region.high - region.low:
                 return region.low + offset - region.offset, region.owner
