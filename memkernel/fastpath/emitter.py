@@ -558,7 +558,8 @@ class _EntryGenerator:
                                                 ("%nargsf", "i64"), ("%kwnames", "!llvm.ptr")], "!llvm.ptr")
         e.op(f"llvm.return {result} : !llvm.ptr")
         body = "\n".join(e.lines)
-        return f"""llvm.func @{name}(%self: !llvm.ptr, %argv: !llvm.ptr, %nargsf: i64, %kwnames: !llvm.ptr) -> !llvm.ptr {{
+        parameters = "%self: !llvm.ptr, %argv: !llvm.ptr, %nargsf: i64, %kwnames: !llvm.ptr"
+        return f"""llvm.func @{name}({parameters}) -> !llvm.ptr {{
 {body}
 }}"""
 

@@ -278,7 +278,8 @@ def test_strided_layouts_and_a_float_scalar(scale, data):
     f64 = ["float64", "float64", "float32"]
     x = data.draw(arrays(f64, st.just(shape)), label="x")
     out = data.draw(st.one_of(st.none(), arrays(f64, st.just(shape)), arrays(f64, dims(len(shape)))), label="out")
-    check_equivalent(*scale, (x, data.draw(floats(64), label="s")), out, data.draw(st.sampled_from(FORMS), label="form"))
+    form = data.draw(st.sampled_from(FORMS), label="form")
+    check_equivalent(*scale, (x, data.draw(floats(64), label="s")), out, form)
 
 
 @EXAMPLES
