@@ -424,13 +424,25 @@ def test_enabled_reads_memkernel_isolate(monkeypatch, value, on):
     assert memkernel.isolate.enabled() is on
 
 
-def test_isolate_true_with_callbacks_is_refused_at_decoration():
-    source = """
+NOTE = """
 func.func private @note(i64)
 func.func @k(%n: i64) {
   call @note(%n) : (i64) -> ()
   return
 }"""
+
+
+def test_memkernel_isolate_1_leaves_a_kernel_with_callbacks_in_process(monkeypatch):
+    monkeypatch.setenv("MEMKERNEL_ISOLATE", "1")
+    noted = []
+    kernel = mlir_kernel(NOTE, callbacks={"note": noted.append})(lambda n: None)
+    kernel(7)
+    assert noted == [7]
+    assert kernel.invoker.plan is not None
+
+
+def test_isolate_true_with_callbacks_is_refused_at_decoration():
+    source = NOTE
     with pytest.raises(SignatureError, match=r"k\(\): isolate=True cannot run a kernel with callbacks="):
         mlir_kernel(source, callbacks={"note": print}, isolate=True)(lambda n: None)
 
