@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import signal
@@ -206,6 +207,19 @@ def test_a_worker_that_cannot_start_is_a_kernel_crashed(monkeypatch, floats):
         add(*floats)
     monkeypatch.undo()
     np.testing.assert_array_equal(add(*floats), floats[0] + floats[1])
+
+
+def test_the_worker_drops_the_kernels_the_caller_dropped(floats):
+    a, b = floats
+    add_kernel(isolate=True)(a, b)
+    worker = memkernel.isolate.process.worker()
+    held = worker.request(("hello",))[1]
+    kernels = [add_kernel(isolate=True).compile() for _ in range(3)]
+    assert worker.request(("hello",))[1] == held + 3
+    del kernels
+    gc.collect()
+    add_kernel(isolate=True)(a, b)  # the next call tells the worker
+    assert worker.request(("hello",))[1] <= held + 1
 
 
 # -- hangs ------------------------------------------------------------------------------

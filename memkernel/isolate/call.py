@@ -17,6 +17,7 @@ view of the caller's memory there; any other comes back as an array.
 from __future__ import annotations
 
 import itertools
+import weakref
 from typing import Any
 
 import numpy as np
@@ -59,6 +60,7 @@ class IsolatedRun:
         self._written = tuple(isinstance(c, BufferContract) and c.needs_writeable for c in spec.contracts)
         self._definition = Definition.of(kernel)
         self._token = f"{next(_tokens)}-{spec.name}"
+        weakref.finalize(self, process.dropped.append, self._token)
         self._timeout = kernel.options.timeout
         with process.lock():
             self._define(self._worker())
@@ -123,7 +125,8 @@ class IsolatedRun:
                  checked: list[Any]) -> Results:
         self._define(worker)
         try:
-            reply = worker.request(("call", self._token, values, len(self._outputs)), timeout=self._timeout)
+            reply = worker.request(("call", self._token, values, len(self._outputs), worker.take_dropped()),
+                                   timeout=self._timeout)
         except process.WorkerDied as died:
             raise self._crashed(died, self._summary(args, checked), "running the call") from None
         except process.WorkerTimedOut:

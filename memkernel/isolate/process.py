@@ -83,6 +83,14 @@ class Worker:
         self.segment: Segment | None = None
         self.request(("hello",))
 
+    def take_dropped(self) -> tuple[str, ...]:
+        """The kernels dropped since the last call, for the worker to drop too (it held them all until now)."""
+        names = []
+        while dropped:
+            names.append(dropped.pop())
+        self.defined.difference_update(names)
+        return tuple(names)
+
     def alive(self) -> bool:
         """Whether this process started the worker and it still runs."""
         return self.owner == os.getpid() and self.process.poll() is None
@@ -176,6 +184,9 @@ class Worker:
 
 _lock = threading.Lock()
 _worker: Worker | None = None
+
+dropped: list[str] = []
+"""The tokens of isolated kernels that are gone (appended by their finalizers, from any thread)."""
 
 
 def worker() -> Worker:

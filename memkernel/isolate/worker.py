@@ -5,10 +5,11 @@ memkernel.isolate.worker FD PARENT``. It makes its C stdout unbuffered (what a
 kernel prints must be in the file before a crash), dies with its parent, and
 answers requests on the socket ``FD`` until the caller closes it:
 
-- ``("hello",)``: ready (the imports are done);
+- ``("hello",)``: ready (the imports are done); the reply is how many kernels it holds;
 - ``("segment", size)`` with a ``memfd``: map the new shared-memory segment;
 - ``("define", token, Definition)``: build the kernel and compile it (from the disk cache when it holds it);
-- ``("call", token, values, n_outputs)``: call it; the reply holds its results.
+- ``("call", token, values, n_outputs, dropped)``: call it, after dropping the kernels named in ``dropped``
+  (their Kernel is gone in the caller); the reply holds its results.
 
 Each reply is ``("ok", value)`` or ``("error", exception)``.
 """
@@ -68,7 +69,7 @@ class _Server:
     def handle(self, message: tuple[Any, ...], fds: list[int]) -> Any:
         kind = message[0]
         if kind == "hello":
-            return None
+            return len(self.kernels)
         if kind == "segment":
             self._map(message[1], fds[0])
             return None
@@ -78,7 +79,9 @@ class _Server:
             kernel.compile()
             self.kernels[token] = kernel
             return None
-        _, token, values, n_outputs = message
+        _, token, values, n_outputs, dropped = message
+        for name in dropped:
+            self.kernels.pop(name, None)
         return self._call(self.kernels[token], values, n_outputs)
 
     def _map(self, size: int, fd: int) -> None:
