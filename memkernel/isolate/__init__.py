@@ -26,7 +26,12 @@ call in a worker process:
 One worker serves the whole process, one call at a time. It is a fresh
 Python process: the first isolated call pays its start (about a second, the
 import of the MLIR bindings), and each kernel compiles once in it, or loads
-from the disk cache.
+from the disk cache, and is dropped there once its Kernel is gone here.
+
+The kernel works on copies: what other threads of the caller write into the
+arguments during the call is not seen, and addresses (a kernel that returns
+a pointer) are the worker's. The in-process machinery is not used:
+``kernel.invoker.plan`` and ``.fast`` are None and ``.last_path`` stays None.
 """
 
 from __future__ import annotations
