@@ -263,3 +263,11 @@ def test_compile_worker_0_compiles_in_this_process(monkeypatch):
     check_add(add_kernel(cache=False))
     source, name = unique_add()
     assert f"llvm.func @{name}(" in mlir_kernel(source, name=name)(lambda a, b: None).ir("llvm")
+
+
+def test_what_llvm_reports_for_an_option_reaches_sys_stderr(capsys):
+    source, name = unique_add()
+    kernel = mlir_kernel(source, name=name, cache=False, llvm_options=("-print-after=finalize-isel",))(
+        lambda a, b: None)
+    check_add(kernel)
+    assert f"# Machine code for function {name}:" in capsys.readouterr().err
