@@ -49,7 +49,13 @@ TAIL_LINES = 20
 
 _TAIL_BYTES = 64 << 10
 _REPLIED_BYTES = 4 << 20
-_BOOTSTRAP = "from memkernel.compile.worker import main; main()"
+_BOOTSTRAP = """import sys
+if sys.argv[1] not in sys.path:
+    sys.path.insert(0, sys.argv[1])
+from memkernel.compile.worker import main
+main()"""
+"""The worker's program: this memkernel (its folder first on the path only if it is not on it already), then
+:func:`main`."""
 
 
 class _Died(Exception):
@@ -74,19 +80,13 @@ def _tail(fd: int) -> str:
     return "\n".join(_last(fd, _TAIL_BYTES).splitlines()[-TAIL_LINES:])
 
 
-def _environment() -> dict[str, str]:
-    """The caller's environment, with the folder this memkernel comes from first on the path, and
-    LLVM's crash handler kept from looking for a symbolizer."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    path = os.environ.get("PYTHONPATH", "")
-    return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else ""),
-            "LLVM_DISABLE_SYMBOLIZATION": "1", "LLVM_DISABLE_CRASH_REPORT": "1"}
-
-
 def _spawn(options: tuple[str, ...], stderr: IO[bytes]) -> subprocess.Popen[bytes]:
-    """Start a worker process that sets LLVM ``options``."""
-    return subprocess.Popen([sys.executable, "-c", _BOOTSTRAP, *options], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=stderr, start_new_session=True, env=_environment())
+    """Start a worker process that sets LLVM ``options``, in the caller's environment (LLVM's crash
+    handler kept from looking for a symbolizer)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    environment = {**os.environ, "LLVM_DISABLE_SYMBOLIZATION": "1", "LLVM_DISABLE_CRASH_REPORT": "1"}
+    return subprocess.Popen([sys.executable, "-c", _BOOTSTRAP, root, *options], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=stderr, start_new_session=True, env=environment)
 
 
 def _options_text(options: tuple[str, ...]) -> str:
@@ -376,7 +376,7 @@ def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
 
 
 def main() -> None:
-    """The worker process: set the LLVM options of ``sys.argv``, then serve requests on stdin/stdout.
+    """The worker process: set the LLVM options of ``sys.argv[2:]``, then serve requests on stdin/stdout.
 
     Replies go to a copy of descriptor 1, which is then pointed at stderr, so
     that nothing else printed can mix with them.
@@ -389,7 +389,7 @@ def main() -> None:
     importlib.import_module(".engine", __package__)  # what requests run, and the MLIR bindings
     from .objects import parse_llvm_options
 
-    if not parse_llvm_options(sys.argv[1:]):
+    if not parse_llvm_options(sys.argv[2:]):
         sys.exit(1)
     try:
         _reply(replies, "ok", None)
