@@ -42,6 +42,13 @@ from .spec.signature import MemRefSpec, Signature
 from .spec.source import MLIR_LOCK, parse_source
 
 
+def checked_wanted(checked: bool | None) -> bool:
+    """``checked=`` as given, or, when None, whether ``$MEMKERNEL_CHECKED`` is set to something other than 0."""
+    if checked is not None:
+        return bool(checked)
+    return os.environ.get("MEMKERNEL_CHECKED", "0").strip() not in ("", "0")
+
+
 def _checked_llvm_options(options: Sequence[str]) -> tuple[str, ...]:
     """``llvm_options=`` as a tuple; ArgumentError unless it is a sequence of options starting with '-'."""
     if isinstance(options, (str, bytes)) or not isinstance(options, Sequence):
@@ -72,13 +79,16 @@ class KernelOptions:
     isolate: bool | None = None
     timeout: float | None = None
     llvm_options: tuple[str, ...] = ()
+    checked: bool | None = None
+    schedule: str | None = None
 
     def decorator(self) -> Callable[[Callable[..., Any]], Kernel]:
         """The :func:`mlir_kernel` decorator these options make."""
         return mlir_kernel(self.source, name=self.name, pipeline=self.pipeline, opt_level=self.opt_level,
                            shared_libs=self.shared_libs, cache=self.cache, callbacks=self.callbacks or None,
                            capture_output=self.capture_output, parallel=self.parallel,
-                           isolate=self.isolate, timeout=self.timeout, llvm_options=self.llvm_options)
+                           isolate=self.isolate, timeout=self.timeout, llvm_options=self.llvm_options,
+                           checked=self.checked, schedule=self.schedule)
 
 
 class Kernel:
@@ -112,6 +122,8 @@ class Kernel:
         isolate: bool | None = None,
         timeout: float | None = None,
         llvm_options: Sequence[str] = (),
+        checked: bool | None = None,
+        schedule: str | None = None,
     ) -> None:
         functools.update_wrapper(self, function)
         self.__dict__.pop("__wrapped__", None)
@@ -121,8 +133,8 @@ class Kernel:
         self._llvm_options = _checked_llvm_options(llvm_options)
         self.options = KernelOptions(source, name, pipeline, opt_level, tuple(shared_libs), cache,
                                      dict(callbacks or {}), capture_output, parallel, isolate, timeout,
-                                     self._llvm_options)
-        self._pipeline: Pipeline = parse_pipeline(pipeline, parallel)
+                                     self._llvm_options, checked, schedule)
+        self._pipeline: Pipeline = parse_pipeline(pipeline, parallel, schedule, checked_wanted(checked))
         if not isinstance(opt_level, int) or not 0 <= opt_level <= 3:
             raise ValueError(f"opt_level must be 0, 1, 2 or 3, got {opt_level!r}")
         self._opt_level = opt_level
@@ -179,7 +191,9 @@ class Kernel:
             return isolation.invoker(self)
         spec = self.spec
         results = spec.signature.results
-        fast_spec = fast_path(spec, results) if abi.fast_path_enabled() else None
+        # A kernel whose assertions may fail runs through its guard, on the checked path.
+        guarded = spec.asserts or self._pipeline.checked
+        fast_spec = fast_path(spec, results) if abi.fast_path_enabled() and not guarded else None
         compiled = self._compiled_function(fast_spec)
         allocator = OutputAllocator(
             spec.name,
@@ -189,7 +203,7 @@ class Kernel:
             spec.output_sources(),
         )
         plan = CallPlan(spec.name, [binder_for(c) for c in spec.contracts], spec.n_inputs, allocator, spec.shapes,
-                        spec.overlap_pairs, results, compiled.address, compiled)
+                        spec.overlap_pairs, results, compiled.address, compiled, compiled.guard_address, self._source)
         fast = None
         if compiled.fast_address and fast_spec is not None:
             entry = compiled.owner.symbol(fast_spec.entry) if fast_spec.entry else 0  # type: ignore[attr-defined]
@@ -318,6 +332,8 @@ def mlir_kernel(
     isolate: bool | None = None,
     timeout: float | None = None,
     llvm_options: Sequence[str] = (),
+    checked: bool | None = None,
+    schedule: str | None = None,
 ) -> Callable[[Callable[..., Any]], Kernel]:
     """Turn a Python function into a call of the MLIR ``func.func`` it names.
 
@@ -355,17 +371,25 @@ def mlir_kernel(
     generation run in a compile worker process, one per set of options (see
     :mod:`memkernel.compile.worker`), so an abort in MLIR or LLVM is a
     CompileError and never ends this process.
+    ``checked=True`` adds MLIR's runtime verification: an out-of-bounds
+    ``memref.load``/``store``/``subview`` or a linalg operand whose shape
+    disagrees with the loops stops the kernel with a KernelAssertionError
+    (None, the default, checks when ``$MEMKERNEL_CHECKED`` is set). A failed
+    ``cf.assert`` of the source itself is a KernelAssertionError in every mode.
+    ``schedule`` says where a transform schedule the module carries is applied:
+    ``"before-bufferization"`` (None picks it), ``"after-bufferization"`` or
+    ``"skip"`` (see :mod:`memkernel.compile.pipeline`).
 
     Raises MLIRSyntaxError, SignatureError or CompileError (a bad pipeline or
     library) at decoration; the returned :class:`Kernel` raises ArgumentError,
-    ShapeError, ValueRangeError and CompileError at call time.
+    ShapeError, ValueRangeError, KernelAssertionError and CompileError at call time.
     """
 
     def decorate(function: Callable[..., Any]) -> Kernel:
         return Kernel(function, source, name=name, pipeline=pipeline, opt_level=opt_level,
                       shared_libs=shared_libs, cache=cache, callbacks=callbacks,
                       capture_output=capture_output, parallel=parallel, isolate=isolate, timeout=timeout,
-                      llvm_options=llvm_options)
+                      llvm_options=llvm_options, checked=checked, schedule=schedule)
 
     return decorate
 

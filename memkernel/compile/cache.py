@@ -181,12 +181,14 @@ def directory() -> Path | None:
 @dataclass(frozen=True)
 class Entry:
     """A disk cache entry: the object code, the libraries it links against, whether it has a
-    fast path and whether it may print."""
+    fast path, whether it may print, and whether its assertions return to a guard
+    (see :mod:`memkernel.compile.assertions`)."""
 
     code: bytes
     libraries: tuple[str, ...]
     fast: bool
     may_print: bool
+    guarded: bool = False
 
 
 _warned: set[str] = set()
@@ -267,7 +269,7 @@ class _Folder:
     def store(self, key: CacheKey, entry: Entry) -> None:
         """Write ``entry`` atomically; a folder that cannot be written only warns."""
         header = json.dumps({"key": key.fields, "libraries": list(entry.libraries), "fast": entry.fast,
-                             "may_print": entry.may_print}).encode()
+                             "may_print": entry.may_print, "guarded": entry.guarded}).encode()
         body = _HEADER_SIZE.pack(len(header)) + header + entry.code
         try:
             written = _write_new(self.handle, _MAGIC + _tag(self.secret, key, body) + body)
@@ -304,7 +306,8 @@ def _decode(data: bytes, key: CacheKey, secret: bytes) -> Entry | None:
     if not all(isinstance(path, str) and os.path.isfile(path) for path in libraries):
         return None
     code = bytes(body[_HEADER_SIZE.size + header_size:])
-    return Entry(code, libraries, bool(header.get("fast")), bool(header.get("may_print", True)))
+    return Entry(code, libraries, bool(header.get("fast")), bool(header.get("may_print", True)),
+                 bool(header.get("guarded")))
 
 
 def _secret(path: Path, folder: int, status: os.stat_result) -> bytes | None:

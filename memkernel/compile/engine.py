@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from mlir import ir
 from mlir.execution_engine import ExecutionEngine
 
-from . import libraries, worker
+from . import assertions, libraries, worker
 from ..errors import CompileError
 from .cache import Entry
 from .objects import LoadedObject, ObjectLoadError, engine_libraries
@@ -41,6 +41,8 @@ class CompiledFunction:
     constants table (see :mod:`memkernel.thunk`), 0 when it has none.
     ``entry`` is what the disk cache stores: the object code and its libraries.
     ``may_print`` tells whether it calls functions that may write to the C streams.
+    ``guard_address`` is its ``__memkernel_guarded`` (see :mod:`memkernel.compile.assertions`),
+    0 when it has no assertion.
     """
 
     owner: object
@@ -49,6 +51,7 @@ class CompiledFunction:
     consts_address: int
     entry: Entry | None
     may_print: bool
+    guard_address: int = 0
 
 
 def load_function(entry: Entry, name: str, fast: FastPath | None,
@@ -60,10 +63,14 @@ def load_function(entry: Entry, name: str, fast: FastPath | None,
     """
     loaded = LoadedObject(entry.code, entry.libraries, symbols)
     address = loaded.symbol(f"_mlir__mlir_ciface_{name}")
+    guard = 0
+    if entry.guarded:
+        guard = loaded.symbol(assertions.GUARD)
+        assertions.fill_key(loaded.symbol(assertions.KEY))
     if fast is None or not entry.fast:
-        return CompiledFunction(loaded, address, 0, 0, entry, entry.may_print)
+        return CompiledFunction(loaded, address, 0, 0, entry, entry.may_print, guard)
     return CompiledFunction(loaded, address, loaded.symbol(fast.function), loaded.symbol(fast.consts), entry,
-                            entry.may_print)
+                            entry.may_print, guard)
 
 
 def _object_code(engine: ExecutionEngine) -> bytes:
@@ -111,6 +118,7 @@ def lower_kernel(parsed: ParsedSource, name: str, pipeline: Pipeline, callbacks:
     """Prepare the kernel's boundary and its callbacks' declarations, then lower ``parsed.module``
     up to stage ``until``."""
     with MLIR_LOCK, parsed.context, ir.Location.unknown():
+        assertions.annotate(parsed.module)
         prepare_boundary(parsed.function(name))
         for func in parsed.functions():
             if ir.StringAttr(func.attributes["sym_name"]).value in callbacks:
@@ -147,6 +155,7 @@ class ObjectCode:
     code: bytes
     fast: bool
     externals: tuple[str, ...]
+    guarded: bool = False
 
 
 def _placeholder() -> ctypes.c_void_p:
@@ -168,6 +177,9 @@ def object_code(source: str, name: str, pipeline: Pipeline, opt_level: int, shar
         signature = read_signature(parsed.function(name))
         lower_kernel(parsed, name, pipeline, callbacks)
         check_lowered_signature(parsed.module, signature)
+        contained = assertions.contain(parsed.module)
+        if contained is not None:
+            parsed.module = contained
         if fast is not None:
             attach(parsed.module, fast)
         defined_later = {f"_mlir_ciface_{callback}" for callback in callbacks}
@@ -189,7 +201,7 @@ def object_code(source: str, name: str, pipeline: Pipeline, opt_level: int, shar
         raise CompileError(_with_stderr(
             f"JIT compilation of @{name} failed: its code did not link. A function it calls "
             "may be missing: pass the library that defines it in shared_libs=.", stderr))
-    return ObjectCode(_object_code(engine), fast is not None, tuple(externals))
+    return ObjectCode(_object_code(engine), fast is not None, tuple(externals), contained is not None)
 
 
 def lowered_text(source: str, name: str, pipeline: Pipeline, callbacks: tuple[str, ...], stage: str) -> str:
@@ -235,7 +247,7 @@ def compile_function(
     added, unresolved = libraries.libraries_for(made.externals, shared_libs)
     if unresolved:
         raise _unresolved_error(name, unresolved)
-    entry = Entry(made.code, (*shared_libs, *added), made.fast, may_print(made.externals))
+    entry = Entry(made.code, (*shared_libs, *added), made.fast, may_print(made.externals), made.guarded)
     try:
         compiled = load_function(entry, name, fast, {f"_mlir_ciface_{c}": a for c, a in callbacks.items()})
     except ObjectLoadError as exc:

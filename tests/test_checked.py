@@ -1,0 +1,154 @@
+"""A failed cf.assert is a KernelAssertionError, and checked=True adds MLIR's runtime verification."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from memkernel import CompileError, KernelAssertionError, mlir_kernel
+
+REPO = str(Path(__file__).resolve().parents[1])
+F32 = np.float32
+
+# Stores x[i] into out, then asserts ok: the store happens before the check.
+STORE_THEN_ASSERT = """func.func @k(%ok: i1, %x: memref<?xf32>, %i: index, %out: memref<f32>) {
+  %v = memref.load %x[%i] : memref<?xf32>
+  memref.store %v, %out[] : memref<f32>
+  cf.assert %ok, "ok must be true"
+  return
+}"""
+
+# Writes 1 into y[0 .. n) one by one; n past y's end is an out-of-bounds store.
+FILL = """func.func @fill(%y: memref<?xf32>, %n: index) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %one = arith.constant 1.0 : f32
+  scf.for %i = %c0 to %n step %c1 {
+    memref.store %one, %y[%i] : memref<?xf32>
+  }
+  return
+}"""
+
+# A window of 4 elements of x at offset o.
+WINDOW_SUM = """func.func @window(%x: memref<?xf32>, %o: index, %out: memref<f32>) {
+  %w = memref.subview %x[%o] [4] [1] : memref<?xf32> to memref<4xf32, strided<[1], offset: ?>>
+  linalg.reduce ins(%w : memref<4xf32, strided<[1], offset: ?>>) outs(%out : memref<f32>) dimensions = [0]
+    (%a: f32, %b: f32) {
+      %s = arith.addf %a, %b : f32
+      linalg.yield %s : f32
+    }
+  return
+}"""
+
+
+def test_a_failed_assertion_of_the_source_is_an_exception_with_its_line():
+    k = mlir_kernel(STORE_THEN_ASSERT)(lambda ok, x, i: None)
+    x = np.arange(4, dtype=F32)
+    with pytest.raises(KernelAssertionError, match=re.escape(
+            "k(): the kernel stopped at a failed assertion:\nok must be true\nLocation: line 4, column 3\n"
+            '    cf.assert %ok, "ok must be true"')):
+        k(False, x, 2)
+    assert k(True, x, 2) == 2.0  # the process and the kernel live on
+
+
+def test_a_write_completed_before_the_failure_is_kept():
+    k = mlir_kernel(STORE_THEN_ASSERT)(lambda ok, x, i: None)
+    out = np.zeros((), F32)
+    with pytest.raises(KernelAssertionError):
+        k(False, np.arange(4, dtype=F32), 3, out=out)
+    assert out == 3.0
+
+
+def test_without_checked_an_assertion_free_kernel_keeps_the_fast_path():
+    fill = mlir_kernel(FILL)(lambda y, n: None)
+    y = np.zeros(3, F32)
+    fill(y, 3)
+    assert fill.invoker.fast is not None and fill.invoker.last_path == "fast"
+
+
+def test_checked_turns_an_out_of_bounds_store_into_an_exception():
+    fill = mlir_kernel(FILL, checked=True)(lambda y, n: None)
+    big = np.zeros(8, F32)
+    y = big[:3]
+    with pytest.raises(KernelAssertionError, match=r"(?s)Runtime op verification failed.*out-of-bounds access.*"
+                                                   r"memref.store %one, %y\[%i\]"):
+        fill(y, 5)
+    np.testing.assert_array_equal(big, [1, 1, 1, 0, 0, 0, 0, 0])  # stopped at the first bad store
+    fill(y, 3)
+    np.testing.assert_array_equal(y, [1, 1, 1])
+
+
+def test_checked_copies_back_what_was_written_into_a_copied_view():
+    fill = mlir_kernel(FILL, checked=True)(lambda y, n: None)
+    base = np.zeros(8, F32)
+    y = base[::2]  # not contiguous: the kernel works on a copy, written back after the call
+    with pytest.raises(KernelAssertionError):
+        fill(y, 6)
+    np.testing.assert_array_equal(base, [1, 0, 1, 0, 1, 0, 1, 0])
+
+
+def test_checked_catches_a_subview_past_the_end():
+    window = mlir_kernel(WINDOW_SUM, checked=True)(lambda x, o: None)
+    x = np.arange(6, dtype=F32)
+    assert window(x, 2) == x[2:6].sum()
+    with pytest.raises(KernelAssertionError, match="memref.subview"):
+        window(x, 3)
+
+
+def test_memkernel_checked_in_the_environment_checks(monkeypatch):
+    monkeypatch.setenv("MEMKERNEL_CHECKED", "1")
+    fill = mlir_kernel(FILL)(lambda y, n: None)
+    with pytest.raises(KernelAssertionError):
+        fill(np.zeros(2, F32), 3)
+
+
+def test_checked_with_parallel_is_refused():
+    with pytest.raises(CompileError, match="checked=True stops a kernel at its first failed check"):
+        mlir_kernel(FILL, checked=True, parallel=True)(lambda y, n: None)
+
+
+def test_each_thread_gets_its_own_failures():
+    k = mlir_kernel(STORE_THEN_ASSERT)(lambda ok, x, i: None)
+    x = np.arange(4, dtype=F32)
+    wrong: list[str] = []
+
+    def calls(ok: bool) -> None:
+        for _ in range(300):
+            try:
+                result = k(ok, x, 1)
+            except KernelAssertionError:
+                if ok:
+                    wrong.append("an assertion failed in a call whose check holds")
+            else:
+                if not ok or result != 1.0:
+                    wrong.append(f"a failing call returned {result}")
+
+    threads = [threading.Thread(target=calls, args=(i % 2 == 0,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert wrong == []
+
+
+def test_a_kernel_loaded_from_the_disk_cache_is_still_guarded(tmp_path):
+    script = "\n".join([
+        "import numpy as np",
+        "from memkernel import KernelAssertionError, mlir_kernel",
+        f"k = mlir_kernel({STORE_THEN_ASSERT!r})(lambda ok, x, i: None)",
+        "try:",
+        "    k(False, np.arange(4, dtype=np.float32), 1)",
+        "except KernelAssertionError:",
+        "    print('raised')",
+    ])
+    env = {"MEMKERNEL_CACHE_DIR": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin", "PYTHONPATH": REPO}
+    for _ in range(2):  # the first run compiles and stores, the second loads
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180,
+                              env=env)
+        assert done.stdout.strip() == "raised", done.stderr
