@@ -72,6 +72,14 @@ ROWS = {
         "fresh process, empty disk cache",
         "fresh process, disk cache hit",
     ],
+    "checked=True, add, 16×f32, out=": ["memkernel add, unchecked (base)", "memkernel add, checked=True"],
+    "checked=True, add, 1,000,000×f32, out=": ["memkernel add, unchecked (base)", "memkernel add, checked=True"],
+    "checked=True, scf loop y = 2x, 1,000,000×f32": ["memkernel loop, unchecked (base)",
+                                                     "memkernel loop, checked=True"],
+    "checked=True, matmul 256³ f32, pipeline=fast": ["memkernel matmul, unchecked (base)",
+                                                     "memkernel matmul, checked=True"],
+    "isolate=True, add, 16×f32, out=": ["memkernel add, in process (base)", "memkernel add, isolate=True"],
+    "isolate=True, add, 1,000,000×f32, out=": ["memkernel add, in process (base)", "memkernel add, isolate=True"],
 }
 # The rows with a target, which show a verdict ("≥ 0.9: met" or "...: MISSED"); the others show "—".
 TARGETED = {
