@@ -189,3 +189,8 @@ def _numpy_zeros_holds() -> bool:
 def c_function(name: str) -> int:
     """Address of a CPython C API function."""
     return ctypes.cast(getattr(ctypes.pythonapi, name), ctypes.c_void_p).value or 0
+
+
+def has_c_function(name: str) -> bool:
+    """Whether the interpreter exports C API function ``name`` (``PyObject_Vectorcall`` is inline on 3.10)."""
+    return hasattr(ctypes.pythonapi, name)

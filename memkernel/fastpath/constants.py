@@ -16,7 +16,7 @@ from enum import IntEnum
 
 import numpy as np
 
-from .abi import NUMPY_ZEROS, c_function, numpy_api
+from .abi import NUMPY_ZEROS, c_function, has_c_function, numpy_api
 
 
 class Answer:
@@ -71,7 +71,8 @@ FILL: dict[Slot, Callable[[], int]] = {
     Slot.NONE: lambda: id(None),
     Slot.OUT_NAME: lambda: id(sys.intern("out")),  # the keyword a call names in its kwnames, compared by address
     Slot.INCREF: lambda: c_function("Py_IncRef"),  # safe on immortal objects (None, from Python 3.12)
-    Slot.VECTORCALL: lambda: c_function("PyObject_Vectorcall"),  # passes a declined call on, as it came
+    # Passes a declined call on, as it came; 0 where the interpreter has no such export (3.10: no entry).
+    Slot.VECTORCALL: lambda: c_function("PyObject_Vectorcall") if has_c_function("PyObject_Vectorcall") else 0,
     Slot.CLEAR_ERROR: lambda: c_function("PyErr_Clear"),
     Slot.ZEROS: lambda: numpy_api(NUMPY_ZEROS),  # allocates an output, zero-filled
 }

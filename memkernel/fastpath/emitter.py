@@ -46,7 +46,7 @@ from ..spec.contract import BufferContract, Contract, ScalarContract
 from ..spec.analysis import KernelSpec
 from ..spec.shapes import Dim
 from ..spec.signature import ArgSpec, MemRefSpec, ScalarSpec, UnrankedSpec
-from .abi import LAYOUT
+from .abi import LAYOUT, has_c_function
 from .constants import FIRST_DTYPE, Slot
 
 
@@ -576,7 +576,9 @@ def fast_path(spec: KernelSpec, results: Sequence[ArgSpec]) -> FastPath | None:
     scalars = [r for r in results if isinstance(r, ScalarSpec)]
     if not all(_handles(c) for c in spec.contracts) or len(scalars) != len(results) or spec.shapes.bounds:
         return None
-    entry = f"__memkernel_entry_{spec.name}" if not results and spec.n_outputs <= 1 else None
+    # The entry passes declined calls on with PyObject_Vectorcall, a real export from Python 3.11 on.
+    has_entry = not results and spec.n_outputs <= 1 and has_c_function("PyObject_Vectorcall")
+    entry = f"__memkernel_entry_{spec.name}" if has_entry else None
     return _Generator(spec, scalars).module_text(entry)
 
 

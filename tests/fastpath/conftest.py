@@ -5,6 +5,10 @@ from __future__ import annotations
 import pytest
 
 from memkernel import Kernel
+from memkernel.fastpath.abi import has_c_function
+
+HAS_ENTRIES = has_c_function("PyObject_Vectorcall")
+"""Compiled entries pass declined calls on with PyObject_Vectorcall, an export from Python 3.11 on."""
 
 
 def with_fast_path(kernel: Kernel, enabled: bool = True) -> Kernel:
