@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import array
 import re
+import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -276,3 +278,47 @@ def test_two_written_arguments_that_partly_overlap_are_refused():
             "swap(): 'a' and 'b' overlap in memory without being the same view, and the kernel may write both")):
         swap(x[:4], x[2:])
     np.testing.assert_array_equal(x, np.arange(6))
+
+
+# y[i] = x[i] + 1, each element after a long busy loop: seconds of work the kernel finishes.
+SLOW_INCREMENT = """func.func @slow(%x: memref<?xf32>, %y: memref<?xf32>, %spin: index) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %one = arith.constant 1.0 : f32
+  %n = memref.dim %x, %c0 : memref<?xf32>
+  scf.for %i = %c0 to %n step %c1 {
+    %v = memref.load %x[%i] : memref<?xf32>
+    %w = scf.for %k = %c0 to %spin step %c1 iter_args(%acc = %v) -> f32 {
+      %s = arith.addf %acc, %one : f32
+      %t = arith.subf %s, %one : f32
+      scf.yield %t : f32
+    }
+    %r = arith.addf %w, %one : f32
+    memref.store %r, %y[%i] : memref<?xf32>
+  }
+  return
+}"""
+
+
+def test_ctrl_c_during_a_kernel_still_copies_its_result_back_into_a_view():
+    """SIGINT arrives while the kernel runs; the kernel completes, its result reaches the non-contiguous
+    out= view (through the copy-back), and then the KeyboardInterrupt is raised."""
+    script = "\n".join([
+        "import os, signal, threading, time",
+        "import numpy as np",
+        "from memkernel import mlir_kernel",
+        f"slow = mlir_kernel({SLOW_INCREMENT!r})(lambda x, y, spin: None)",
+        "x = np.arange(8, dtype=np.float32)",
+        "slow(x, np.zeros(8, np.float32), 1)  # compiled before the timer starts",
+        "base = np.zeros(16, np.float32)",
+        "threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()",
+        "try:",
+        "    slow(x, base[::2], 150_000_000)",
+        "except KeyboardInterrupt:",
+        "    print('interrupted', base[::2].tolist(), base[1::2].tolist())",
+    ])
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=str(Path(__file__).resolve().parents[1]))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("interrupted", 1)[1].strip() == str([float(v + 1) for v in range(8)]) + " " + \
+        str([0.0] * 8)

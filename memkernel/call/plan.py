@@ -167,7 +167,7 @@ class CallPlan:
             frame = self._frames.pop()
         except IndexError:
             frame = _Frame(self)
-        ran = False
+        failed: str | None = None
         try:
             self._values.pack_into(frame.buffer, self._values_offset, *packed)
             try:
@@ -177,16 +177,14 @@ class CallPlan:
                     f"{self._kernel}(): Python's recursion limit was reached while passing the call to the "
                     f"kernel ({exc}). Call it with more of the limit left, or raise sys.setrecursionlimit()."
                 ) from None
-            ran = True
             results = (self._reader.read(frame.buffer, self._results_offset, state.buffers)
                        if self._reader.results and failed is None else ())
         finally:
             self._frames.append(frame)
-            if ran:
-                # Even when an exception (a KeyboardInterrupt) arrives right after the kernel
-                # returned, or the kernel stopped at a failed assertion, what it wrote into copies
-                # reaches the caller's arrays.
-                state.finish()
+            # Whatever happens, what the kernel wrote into copies reaches the caller's arrays: a
+            # KeyboardInterrupt can only arrive before the kernel starts (the copies still hold the
+            # arrays' values) or after it returned, and a failed assertion stopped it after its writes.
+            state.finish()
         if failed is not None:
             line = assertions.location_line(failed, self._source)
             raise KernelAssertionError(
