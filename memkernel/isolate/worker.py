@@ -116,6 +116,7 @@ def serve(fd: int, parent: int) -> None:
     _die_with(parent)
     server = _Server()
     sock = socket.socket(fileno=fd)
+    worker = os.getpid()
     while True:
         try:
             message, fds = channel.receive(sock, with_fds=True)
@@ -125,6 +126,8 @@ def serve(fd: int, parent: int) -> None:
             reply: tuple[str, Any] = ("ok", server.handle(message, fds))
         except Exception as exc:
             reply = ("error", _picklable(exc))
+        if os.getpid() != worker:
+            os._exit(0)  # a child the kernel forked: only the worker answers on the channel
         channel.send(sock, reply)
 
 
