@@ -181,14 +181,18 @@ class Worker:
         for index, stream in enumerate((sys.stdout, sys.stderr)):
             fd = self._outputs[index].fileno()
             end = os.fstat(fd).st_size
+            for start in range(self._echoed[index], end, ECHO_CHUNK):  # bounded memory, however much it printed
+                stream.write(self._read(index, start, min(start + ECHO_CHUNK, end)).decode(errors="replace"))
             if end > self._echoed[index]:
-                stream.write(self._read(index, self._echoed[index], end).decode(errors="replace"))
                 stream.flush()
             self._echoed[index] = end
             if end >= TRIM_AT and self.process.poll() is None:
                 os.ftruncate(fd, 0)
                 self._echoed[index] = 0
 
+
+ECHO_CHUNK = 1 << 20
+"""How much of what the worker printed is read and written at a time."""
 
 _lock = threading.Lock()
 _worker: Worker | None = None
