@@ -67,7 +67,8 @@ ROWS = {
         "memkernel exp(exp(x)), parallel=True (",
     ],
     "compile, add kernel": [
-        "in process, cache=False (compiles)",
+        "cache=False, compiled in the compile worker",
+        "MEMKERNEL_COMPILE_WORKER=0, cache=False (compiles here)",
         "in process, re-decorated (memory cache)",
         "fresh process, empty disk cache",
         "fresh process, disk cache hit",
@@ -96,6 +97,7 @@ TARGETED = {
       for variant in (f"memkernel memref<?x?x{shape[-3:]}>, pipeline=fast", "memkernel static memrefs, pipeline=fast")),
     ("conv 3×3, 1×56×56×64 → 1×54×54×64 f32", "memkernel conv_2d_nhwc_hwcf, pipeline=fast"),
     ("compile, add kernel", "fresh process, disk cache hit"),
+    ("compile, add kernel", "MEMKERNEL_COMPILE_WORKER=0, cache=False (compiles here)"),
 }
 
 
