@@ -322,3 +322,59 @@ def test_ctrl_c_during_a_kernel_still_copies_its_result_back_into_a_view():
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("interrupted", 1)[1].strip() == str([float(v + 1) for v in range(8)]) + " " + \
         str([0.0] * 8)
+
+
+def test_a_kernel_that_frees_an_argument_is_refused_at_decoration():
+    from memkernel import SignatureError
+
+    with pytest.raises(SignatureError, match=re.escape("k(): @k passes argument #0 to memref.dealloc")):
+        mlir_kernel("""func.func @k(%a: memref<?xf32>) {
+          memref.dealloc %a : memref<?xf32>
+          return }""")(lambda a: None)
+
+
+def test_a_returned_view_past_an_arguments_end_is_refused():
+    k = mlir_kernel("""func.func @r(%a: memref<?xf32>) -> memref<100000xf32, strided<[1]>> {
+      %r = memref.reinterpret_cast %a to offset: [0], sizes: [100000], strides: [1]
+          : memref<?xf32> to memref<100000xf32, strided<[1]>>
+      return %r : memref<100000xf32, strided<[1]>> }""")(lambda a: None)
+    with pytest.raises(ShapeError, match=re.escape("r(): the kernel returned a memref<100000xf32, strided<[1]>> "
+                                                   "of shape (100000,) over the memory of an argument")):
+        k(np.arange(4, dtype=F32))
+
+
+def test_an_object_the_jit_linker_would_abort_on_is_a_compile_error():
+    k = mlir_kernel("""func.func @z(%a: memref<?xf32>) {
+      %p = llvm.mlir.zero : !llvm.ptr
+      %v = arith.constant 1.0 : f32
+      llvm.store %v, %p : f32, !llvm.ptr
+      return }""", checked=True, cache=False)(lambda a: None)
+    with pytest.raises(CompileError, match="crashed the compile worker"):
+        k.compile()
+
+
+@pytest.mark.parametrize("output_map, size, message", [
+    ("-d0 + 3", 8, "reads indices -4 to 3 there (a dim 0 = 8); they must lie in 0 to 7."),
+    ("d0 floordiv 2", 4, None),
+])
+def test_maps_that_are_not_sums_of_loop_dims_are_checked(output_map, size, message):
+    k = mlir_kernel(f"""func.func @g(%a: memref<?xf32>, %o: memref<?xf32>) {{
+      linalg.generic {{indexing_maps = [affine_map<(d0)->(d0)>, affine_map<(d0)->({output_map})>],
+                      iterator_types = ["parallel"]}}
+          ins(%a : memref<?xf32>) outs(%o : memref<?xf32>) {{
+      ^bb0(%x: f32, %y: f32):
+        linalg.yield %x : f32
+      }}
+      return }}""")(lambda a, o: None)
+    guarded = np.full(size + 4, -7.0, F32)
+    a = np.arange(1, 9, dtype=F32)
+    if message is None:  # every index the loops reach lies inside o: numpy's answer
+        k(a, guarded[4:])
+        expected = np.full(size, -7.0, F32)
+        for i in range(8):
+            expected[i // 2] = a[i]
+        np.testing.assert_array_equal(guarded[4:], expected)
+    else:
+        with pytest.raises(ShapeError, match=re.escape(message)):
+            k(a, guarded[4:])
+    assert (guarded[:4] == -7).all()

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import AllocationError
+from ..errors import AllocationError, ShapeError
 from ..spec.signature import ArgSpec, MemRefSpec, ScalarSpec, UnrankedSpec
 from . import scalars
 from .descriptors import UNRANKED_FORMAT, align, ranked_format, ranked_struct
@@ -98,6 +98,8 @@ class ResultAdopter:
         if allocated == GLOBAL_MEMORY:
             return np.array(descriptor_array(fields, dtype, None))
         owner: object | None = self.call_buffers.get(allocated)
+        if owner is not None:
+            self._check_within(spec, fields, owner)
         if owner is not None and spec.tensor:
             # A tensor result is a value: never a view of an input.
             return np.array(descriptor_array(fields, dtype, owner))
@@ -106,6 +108,24 @@ class ResultAdopter:
             if owner is None:
                 owner = self.owners[allocated] = HeapBuffer(allocated)
         return descriptor_array(fields, dtype, owner)
+
+    def _check_within(self, spec: MemRefSpec | UnrankedSpec, fields: tuple[int, ...], argument: Any) -> None:
+        """ShapeError unless a result aliasing an argument lies within that argument's memory."""
+        rank = (len(fields) - 3) // 2
+        shape, strides = fields[3:3 + rank], fields[3 + rank:]
+        if 0 in shape:
+            return
+        itemsize = spec.element.itemsize
+        data = fields[1] + fields[2] * itemsize
+        low = data + itemsize * sum(min(0, (n - 1) * s) for n, s in zip(shape, strides))
+        high = data + itemsize * (sum(max(0, (n - 1) * s) for n, s in zip(shape, strides)) + 1)
+        start, end = np.lib.array_utils.byte_bounds(argument)
+        if low < start or high > end:
+            raise ShapeError(
+                f"{self.kernel}(): the kernel returned a {spec.mlir} of shape {tuple(shape)} over the memory of an "
+                f"argument, reaching {start - low if low < start else high - end} bytes outside it: a view past an "
+                "array's end would read and write memory that is not the array's. The kernel's result is wrong."
+            )
 
     def _unallocated(self, spec: MemRefSpec | UnrankedSpec, fields: tuple[int, ...]) -> np.ndarray:
         """A result with no buffer: fine when empty, else its ``memref.alloc`` failed (malloc gave NULL)."""

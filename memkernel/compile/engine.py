@@ -201,7 +201,20 @@ def object_code(source: str, name: str, pipeline: Pipeline, opt_level: int, shar
         raise CompileError(_with_stderr(
             f"JIT compilation of @{name} failed: its code did not link. A function it calls "
             "may be missing: pass the library that defines it in shared_libs=.", stderr))
-    return ObjectCode(_object_code(engine), fast is not None, tuple(externals), contained is not None)
+    code = _object_code(engine)
+    _trial_link(name, code, libs, (*defined_later, *unresolved))
+    return ObjectCode(code, fast is not None, tuple(externals), contained is not None)
+
+
+def _trial_link(name: str, code: bytes, libs: Sequence[str], placeholders: Sequence[str]) -> None:
+    """In the compile worker: link the object as the caller will (LLVM's JIT linker, which can assert on an
+    object the ExecutionEngine took), so that an abort happens here, not in the caller's process."""
+    address = ctypes.cast(_placeholder(), ctypes.c_void_p).value or 0
+    try:
+        LoadedObject(code, tuple(libs), {symbol: address for symbol in placeholders}).symbol(
+            f"_mlir__mlir_ciface_{name}")
+    except ObjectLoadError as exc:
+        raise CompileError(f"JIT compilation of @{name} failed: its object code does not link: {exc}") from None
 
 
 def lowered_text(source: str, name: str, pipeline: Pipeline, callbacks: tuple[str, ...], stage: str) -> str:

@@ -574,7 +574,8 @@ def fast_path(spec: KernelSpec, results: Sequence[ArgSpec]) -> FastPath | None:
     convolutions) is left to the checked path, which checks them.
     """
     scalars = [r for r in results if isinstance(r, ScalarSpec)]
-    if not all(_handles(c) for c in spec.contracts) or len(scalars) != len(results) or spec.shapes.bounds:
+    if not all(_handles(c) for c in spec.contracts) or len(scalars) != len(results) or spec.shapes.bounds \
+            or spec.shapes.affine_bounds:
         return None
     # The entry passes declined calls on with PyObject_Vectorcall, a real export from Python 3.11 on.
     has_entry = not results and spec.n_outputs <= 1 and has_c_function("PyObject_Vectorcall")

@@ -26,7 +26,7 @@ from ..call.allocation import OutputAllocator
 from ..call.binders import Binder, CallState, ScalarBinder, binder_for, describe_value
 from ..call.results import ExposedMemory
 from ..call import scalars
-from ..errors import KernelCrashed, KernelTimeout
+from ..errors import KernelCrashed, KernelTimeout, ShapeError
 from ..kernel import Kernel
 from ..spec.contract import BufferContract
 from ..spec.signature import MemRefSpec
@@ -202,6 +202,7 @@ class IsolatedRun:
         low, high = reach(placed.shape, placed.strides, dtype.itemsize)
         found = layout.caller_address(placed.offset + low, high - low)
         if found is None:
-            raise RuntimeError("a returned memref reaches outside the memory of the call's arguments")
+            raise ShapeError("the kernel returned a memref reaching outside the memory of the call's arguments: "
+                             "a view past an array's end. The kernel's result is wrong.")
         address, owner = found
         return np.asarray(ExposedMemory(owner, address - low, placed.shape, placed.strides, dtype.itemsize)).view(dtype)

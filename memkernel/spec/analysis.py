@@ -21,7 +21,7 @@ from .contract import BufferContract, Contract, contract_for
 from .shapes import Dim, ShapeRules, ir_rules, named_rules
 from .signature import ArgSpec, MemRefSpec, ScalarSpec, Signature, read_signature
 from .source import MLIR_LOCK, ParsedSource
-from .writes import written_arguments
+from .writes import freed_arguments, written_arguments
 
 _PARAMETER = inspect.Parameter
 
@@ -172,6 +172,13 @@ def analyse(parsed: ParsedSource, function: Callable[..., Any], name: str) -> Ke
         signature = read_signature(parsed.function(name))
         buffers = any(not isinstance(a, ScalarSpec) for a in signature.args)  # an llvm.func takes scalars only
         written = written_arguments(parsed.module, name) if buffers else frozenset()
+        freed = freed_arguments(parsed.module, name) if buffers else []
+    if freed:
+        raise SignatureError(
+            f"{name}(): @{name} passes argument #{freed[0]} to memref.dealloc, but an argument's memory belongs to "
+            "the caller (a numpy array): freeing it would corrupt the heap. Deallocate only what the kernel "
+            "allocated."
+        )
     parameters = _parameters(name, function, signature)
     returned = inspect.signature(function).return_annotation
     n_inputs = len(parameters)
@@ -181,10 +188,10 @@ def analyse(parsed: ParsedSource, function: Callable[..., Any], name: str) -> Ke
         for i, spec in enumerate(signature.args)
     )
     with MLIR_LOCK, parsed.context:
-        ties, bounds = ir_rules(parsed.module, name, signature.args) if buffers else ([], [])
+        ties, bounds, affine_bounds = ir_rules(parsed.module, name, signature.args) if buffers else ([], [], [])
         asserts = _has_assertions(parsed.module)
     named, names, outputs = named_rules(name, parameters, returned, signature.args)
-    shapes = ShapeRules(tuple(ties + named), tuple(bounds), names, outputs)
+    shapes = ShapeRules(tuple(ties + named), tuple(bounds), names, outputs, tuple(affine_bounds))
     return KernelSpec(name, signature, parameters, written, contracts, shapes, asserts)
 
 

@@ -72,6 +72,43 @@ class Bound:
     reason: str
 
 
+Expr = tuple
+"""An affine expression of loop dims, as nested tuples: ``("d", j)``, ``("c", k)``, ``("+", a, b)``,
+``("*", a, k)``, ``("//", a, q)``, ``("cd", a, q)`` (ceildiv), ``("%", a, q)``."""
+
+
+def interval(expr: Expr, sizes: dict[int, int]) -> tuple[int, int]:
+    """The least and greatest value ``expr`` takes while each loop dim ``j`` runs over ``range(sizes[j])``."""
+    kind = expr[0]
+    if kind == "d":
+        return 0, sizes[expr[1]] - 1
+    if kind == "c":
+        return expr[1], expr[1]
+    low, high = interval(expr[1], sizes)
+    if kind == "+":
+        other = interval(expr[2], sizes)
+        return low + other[0], high + other[1]
+    factor = expr[2]
+    if kind == "*":
+        return (low * factor, high * factor) if factor >= 0 else (high * factor, low * factor)
+    if kind == "//":
+        return low // factor, high // factor
+    if kind == "cd":
+        return -(-low // factor), -(-high // factor)
+    return (low, high) if 0 <= low and high < factor else (0, factor - 1)
+
+
+@dataclass(frozen=True)
+class AffineBound:
+    """Every index ``expr`` takes over the loops (each loop dim's size that of its ``loops`` dim) must lie
+    in ``target``: what a map other than a sum of loop dims with non-negative coefficients asks."""
+
+    target: Dim
+    expr: Expr
+    loops: tuple[tuple[int, Dim], ...]
+    reason: str
+
+
 @dataclass(frozen=True)
 class ShapeRules:
     """The shape constraints of one kernel's arguments."""
@@ -80,6 +117,7 @@ class ShapeRules:
     bounds: tuple[Bound, ...]
     names: dict[int, tuple[str, ...]]
     output_names: tuple[tuple[str, ...] | None, ...]
+    affine_bounds: tuple[AffineBound, ...] = ()
 
     def source_of(self, dim: Dim, n_inputs: int, specs: Sequence[ArgSpec]) -> Dim | int | None:
         """Where an output dim's size comes from: an input's dim, a static size, or None if nothing says."""
@@ -128,6 +166,27 @@ class ShapeRules:
             )
         for bound in self.bounds:
             self._check_bound(kernel, names, shapes, bound)
+        for affine in self.affine_bounds:
+            self._check_affine(kernel, names, shapes, affine)
+
+    @staticmethod
+    def _check_affine(kernel: str, names: Sequence[str], shapes: Sequence[tuple[int, ...] | None],
+                      bound: AffineBound) -> None:
+        target = shapes[bound.target.arg]
+        loop_shapes = [shapes[d.arg] for _, d in bound.loops]
+        if target is None or any(s is None for s in loop_shapes):
+            return
+        sizes = {j: s[d.dim] for (j, d), s in zip(bound.loops, loop_shapes) if s is not None}
+        if any(n == 0 for n in sizes.values()):
+            return
+        low, high = interval(bound.expr, sizes)
+        have = target[bound.target.dim]
+        if low < 0 or high >= have:
+            given = ", ".join(f"{names[d.arg]} dim {d.dim} = {sizes[j]}" for j, d in bound.loops) or "constant"
+            raise ShapeError(
+                f"{kernel}(): {names[bound.target.arg]} has {have} elements on dim {bound.target.dim} but "
+                f"{bound.reason} reads indices {low} to {high} there ({given}); they must lie in 0 to {have - 1}."
+            )
 
     @staticmethod
     def _check_bound(kernel: str, names: Sequence[str], shapes: Sequence[tuple[int, ...] | None],
@@ -197,6 +256,38 @@ def _linear(expr: ir.AffineExpr) -> tuple[dict[int, int], int] | None:
     return None
 
 
+def _expression(expr: ir.AffineExpr) -> Expr | None:
+    """``expr`` as an :data:`Expr`; None for what it cannot say (symbols, products of dims)."""
+    if isinstance(expr, ir.AffineDimExpr):
+        return ("d", expr.position)
+    if isinstance(expr, ir.AffineConstantExpr):
+        return ("c", expr.value)
+    if isinstance(expr, ir.AffineAddExpr):
+        left, right = _expression(expr.lhs), _expression(expr.rhs)
+        return None if left is None or right is None else ("+", left, right)
+    kinds = ((ir.AffineMulExpr, "*"), (ir.AffineFloorDivExpr, "//"), (ir.AffineCeilDivExpr, "cd"),
+             (ir.AffineModExpr, "%"))
+    for kind, name in kinds:
+        if isinstance(expr, kind) and isinstance(expr.rhs, ir.AffineConstantExpr):
+            inner = _expression(expr.lhs)
+            factor = expr.rhs.value
+            if inner is not None and (name == "*" or factor > 0):
+                return (name, inner, factor)
+    if isinstance(expr, ir.AffineMulExpr) and isinstance(expr.lhs, ir.AffineConstantExpr):
+        inner = _expression(expr.rhs)
+        return None if inner is None else ("*", inner, expr.lhs.value)
+    return None
+
+
+def _dims_of(expr: Expr) -> set[int]:
+    if expr[0] == "d":
+        return {expr[1]}
+    if expr[0] == "c":
+        return set()
+    found = _dims_of(expr[1])
+    return found | _dims_of(expr[2]) if expr[0] == "+" else found
+
+
 class _Collector:
     def __init__(self, kernel: str, entry: ir.Block, ranks: Sequence[int | None]) -> None:
         self.kernel = kernel
@@ -204,6 +295,7 @@ class _Collector:
         self.ranks = ranks
         self.ties: list[Tie] = []
         self.bounds: list[Bound] = []
+        self.affine_bounds: list[AffineBound] = []
 
     def tie(self, a: Dim, b: Dim, reason: str) -> None:
         if a != b:
@@ -221,6 +313,7 @@ class _Collector:
         args = self._arguments(list(op.operands)[:len(maps)])
         loop_dims: dict[int, Dim] = {}
         affine: list[tuple[Dim, dict[int, int], int]] = []
+        general: list[tuple[Dim, Expr]] = []
         for arg, amap in zip(args, maps):
             if arg is None:
                 continue
@@ -234,10 +327,19 @@ class _Collector:
                 linear = _linear(expr)
                 if linear is not None and linear[0]:
                     affine.append((here, linear[0], linear[1]))
+                else:
+                    serialized = _expression(expr)
+                    if serialized is not None:
+                        general.append((here, serialized))
         for target, terms, constant in affine:
             if all(d in loop_dims for d in terms):
                 self.bounds.append(Bound(target, tuple((c, loop_dims[d]) for d, c in sorted(terms.items())),
                                          constant, reason))
+        for target, serialized in general:
+            used = sorted(_dims_of(serialized))
+            if all(j in loop_dims for j in used):
+                self.affine_bounds.append(AffineBound(target, serialized, tuple((j, loop_dims[j]) for j in used),
+                                                      reason))
 
     def all_dims(self, op: ir.Operation, reason: str) -> None:
         args = [a for a in self._arguments(list(op.operands)) if a is not None]
@@ -253,7 +355,8 @@ def _is_elementwise_on_tensors(op: ir.Operation) -> bool:
             and all(isinstance(v.type, ir.RankedTensorType) for v in op.operands))
 
 
-def ir_rules(module: ir.Module, function: str, specs: Sequence[ArgSpec]) -> tuple[list[Tie], list[Bound]]:
+def ir_rules(module: ir.Module, function: str, specs: Sequence[ArgSpec]
+             ) -> tuple[list[Tie], list[Bound], list[AffineBound]]:
     """The ties and bounds that ``func.func @function``'s ops put on its arguments.
 
     Works on a copy of the module with linalg's named ops generalized, so that
@@ -279,7 +382,7 @@ def ir_rules(module: ir.Module, function: str, specs: Sequence[ArgSpec]) -> tupl
         return ir.WalkResult.ADVANCE
 
     func.walk(visit)
-    return collector.ties, collector.bounds
+    return collector.ties, collector.bounds, collector.affine_bounds
 
 
 def structured_names(module: ir.Module) -> dict[str, str]:

@@ -135,3 +135,22 @@ def written_arguments(module: ir.Module, function: str) -> frozenset[int]:
         i for i, arg in enumerate(entry.arguments)
         if isinstance(arg.type, (ir.MemRefType, ir.UnrankedMemRefType)) and analysis.may_write(arg)
     )
+
+
+def freed_arguments(module: ir.Module, function: str) -> list[int]:
+    """Arguments of ``func.func @function`` that it passes to ``memref.dealloc`` (directly or as a view):
+    their memory is the caller's, and freeing it corrupts the caller's heap."""
+    analysis = _Analysis(module.operation)
+    entry = analysis.bodies[function]
+    freed = []
+    for i, arg in enumerate(entry.arguments):
+        values, seen = [arg], set()
+        while values:
+            value = values.pop()
+            for op, position in analysis.uses.get(value, ()):
+                if op.name == "memref.dealloc":
+                    freed.append(i)
+                elif op.name in _VIEWS and position == 0 and op not in seen:
+                    seen.add(op)
+                    values.extend(op.results)
+    return sorted(set(freed))
