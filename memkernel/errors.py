@@ -101,3 +101,7 @@ class KernelAssertionError(MemkernelError, AssertionError):
     The kernel stopped at the failed check; what it had written before is in the
     arrays. The message is the assertion's, with the source line it points at.
     """
+
+
+class OptionError(MemkernelError, ValueError, TypeError):
+    """An option of :func:`~memkernel.mlir_kernel` or of a kernel's method has a wrong type or value."""

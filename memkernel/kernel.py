@@ -33,7 +33,7 @@ from .compile.engine import CompiledFunction, compile_function, load_function, l
 from .compile.objects import ObjectLoadError
 from .compile.pipeline import STAGES, Pipeline, check_before_lowering, parse_pipeline
 from .compile.translate import to_llvm_ir
-from .errors import ArgumentError
+from .errors import ArgumentError, OptionError
 from .fastpath import abi
 from .fastpath.builtin import FastFunction, called_through
 from .fastpath.emitter import FastPath, fast_path
@@ -136,7 +136,7 @@ class Kernel:
                                      self._llvm_options, checked, schedule)
         self._pipeline: Pipeline = parse_pipeline(pipeline, parallel, schedule, checked_wanted(checked))
         if not isinstance(opt_level, int) or not 0 <= opt_level <= 3:
-            raise ValueError(f"opt_level must be 0, 1, 2 or 3, got {opt_level!r}")
+            raise OptionError(f"mlir_kernel(): opt_level must be 0, 1, 2 or 3, got {opt_level!r}")
         self._opt_level = opt_level
         self._cache = cache
         self._capture_output = capture_output
@@ -269,7 +269,7 @@ class Kernel:
         Raises ValueError for another stage, CompileError if lowering fails or aborts.
         """
         if stage not in STAGES:
-            raise ValueError(f"stage must be one of {', '.join(map(repr, STAGES))}, not {stage!r}")
+            raise OptionError(f"stage must be one of {', '.join(map(repr, STAGES))}, not {stage!r}")
         return compile_worker.run(self._llvm_options, f"lowering @{self._name} to stage {stage!r}", lowered_text,
                                   self._source, self._name, self._pipeline, tuple(self._callbacks), stage)
 

@@ -467,7 +467,7 @@ def test_isolate_true_with_callbacks_is_refused_at_decoration():
     ({"isolate": True, "timeout": "1"}, "timeout must be a positive number of seconds"),
 ])
 def test_bad_timeouts_are_refused_at_decoration(options, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(memkernel.OptionError, match=match):
         add_kernel(**options)
 
 

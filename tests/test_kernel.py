@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 import threading
 
 import numpy as np
@@ -183,7 +184,7 @@ def test_every_opt_level_computes_the_same_answer(opt_level):
 
 @pytest.mark.parametrize("opt_level", [-1, 4, "3"])
 def test_invalid_opt_level_is_refused(opt_level):
-    with pytest.raises(ValueError, match="opt_level must be 0, 1, 2 or 3"):
+    with pytest.raises(memkernel.OptionError, match=re.escape("mlir_kernel(): opt_level must be 0, 1, 2 or 3")):
         mlir_kernel(MATMUL, opt_level=opt_level)(lambda a, b: None)
 
 
@@ -307,3 +308,8 @@ def test_a_lambda_with_several_functions_must_be_named():
     with pytest.raises(SignatureError, match=r"a lambda has no name to pick a function by "
                                              r"\(defined: @matmul, @axpy\); pass name="):
         mlir_kernel(source)(lambda a, b: None)
+
+
+def test_a_source_that_is_not_text_is_an_option_error():
+    with pytest.raises(memkernel.OptionError, match=re.escape("mlir_kernel(): the MLIR source must be a str, got bytes")):
+        mlir_kernel(b"func.func @k() { return }")(lambda: None)

@@ -316,7 +316,7 @@ def test_llvm_ir_is_the_translated_module():
 
 def test_unknown_stage_is_a_value_error():
     kernel = mlir_kernel(elementwise("arith.addf", "memref<?xf32>", "f32", 1), name="k")(lambda a, b: None)
-    with pytest.raises(ValueError, match="stage must be one of 'input', 'bufferized', 'vectorized', 'loops', 'llvm'"):
+    with pytest.raises(memkernel.OptionError, match="stage must be one of 'input', 'bufferized', 'vectorized', 'loops', 'llvm'"):
         kernel.ir("machine")
 
 

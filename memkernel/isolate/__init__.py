@@ -40,7 +40,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..errors import SignatureError
+from ..errors import OptionError, SignatureError
 
 if TYPE_CHECKING:
     from ..call.invoker import Invoker
@@ -62,12 +62,12 @@ def check_options(kernel: str, isolate: bool | None, timeout: float | None,
                   callbacks: Mapping[str, Callable[..., Any]] | None) -> None:
     """Refuse, at decoration, ``isolate``/``timeout`` values that cannot work."""
     if isolate not in (None, True, False):
-        raise TypeError(f"{kernel}(): isolate must be True, False or None (follow ${ENVIRONMENT}); got {isolate!r}")
+        raise OptionError(f"{kernel}(): isolate must be True, False or None (follow ${ENVIRONMENT}); got {isolate!r}")
     if timeout is not None:
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-            raise ValueError(f"{kernel}(): timeout must be a positive number of seconds or None; got {timeout!r}")
+            raise OptionError(f"{kernel}(): timeout must be a positive number of seconds or None; got {timeout!r}")
         if isolate is False or callbacks:
-            raise ValueError(f"{kernel}(): timeout= needs an isolated call (a worker process to kill), which "
+            raise OptionError(f"{kernel}(): timeout= needs an isolated call (a worker process to kill), which "
                              "isolate=False and callbacks= rule out; drop timeout=, or them.")
     if isolate and callbacks:
         raise SignatureError(

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from mlir import ir
 
 from ..diagnostics import format_diagnostics
-from ..errors import MLIRSyntaxError, SignatureError
+from ..errors import MLIRSyntaxError, OptionError, SignatureError
 
 
 @dataclass
@@ -70,7 +70,7 @@ def shared_context() -> ir.Context:
 def parse_source(text: str) -> ParsedSource:
     """Parse and verify ``text`` into a new module; MLIRSyntaxError on failure."""
     if not isinstance(text, str):
-        raise TypeError(f"the MLIR source must be a str, got {type(text).__name__}")
+        raise OptionError(f"mlir_kernel(): the MLIR source must be a str, got {type(text).__name__}")
     context = shared_context()
     with MLIR_LOCK, context, ir.Location.unknown():
         try:
