@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import isolate as isolation
-from .call.allocation import OutputAllocator
+from .call.allocation import allocator_for
 from .call.binders import binder_for
 from .call.callbacks import PendingErrors, bind_callbacks
 from .call.invoker import Invoker, Run, with_output_capture
@@ -38,7 +38,7 @@ from .fastpath import abi
 from .fastpath.builtin import FastFunction, called_through
 from .fastpath.emitter import FastPath, fast_path
 from .spec.analysis import KernelSpec, analyse, default_name
-from .spec.signature import MemRefSpec, Signature
+from .spec.signature import Signature
 from .spec.source import MLIR_LOCK, parse_source
 
 
@@ -195,13 +195,7 @@ class Kernel:
         guarded = spec.asserts or self._pipeline.checked
         fast_spec = fast_path(spec, results) if abi.fast_path_enabled() and not guarded else None
         compiled = self._compiled_function(fast_spec)
-        allocator = OutputAllocator(
-            spec.name,
-            [(c.name, c.spec) for c in spec.contracts[spec.n_inputs:]],  # type: ignore[misc]
-            [(i, a) for i, a in enumerate(spec.signature.args[:spec.n_inputs]) if isinstance(a, MemRefSpec)],
-            self._function,
-            spec.output_sources(),
-        )
+        allocator = allocator_for(spec, self._function)
         plan = CallPlan(spec.name, [binder_for(c) for c in spec.contracts], spec.n_inputs, allocator, spec.shapes,
                         spec.overlap_pairs, results, compiled.address, compiled, compiled.guard_address, self._source)
         fast = None

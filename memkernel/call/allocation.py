@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AllocationError, ShapeError
+from ..spec.analysis import KernelSpec
 from ..spec.shapes import Dim
 from ..spec.signature import MemRefSpec, UnrankedSpec
 
@@ -209,3 +210,14 @@ class OutputAllocator:
                 f"{self.kernel}(): the decorated function gave shape {shape} for output '{name}', "
                 f"which does not fit {spec.mlir}."
             )
+
+
+def allocator_for(spec: KernelSpec, shape_function: Callable[..., Any]) -> OutputAllocator:
+    """The allocator of ``spec``'s outputs, shaped by its ties, then ``shape_function``, then like inputs."""
+    return OutputAllocator(
+        spec.name,
+        [(c.name, c.spec) for c in spec.contracts[spec.n_inputs:]],  # type: ignore[misc]
+        [(i, a) for i, a in enumerate(spec.signature.args[:spec.n_inputs]) if isinstance(a, MemRefSpec)],
+        shape_function,
+        spec.output_sources(),
+    )

@@ -22,14 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from ..call.allocation import OutputAllocator
+from ..call.allocation import allocator_for
 from ..call.binders import Binder, CallState, ScalarBinder, binder_for, describe_value
 from ..call.results import ExposedMemory
 from ..call import scalars
 from ..errors import KernelCrashed, KernelTimeout, ShapeError
 from ..kernel import Kernel
 from ..spec.contract import BufferContract
-from ..spec.signature import MemRefSpec
 from . import process
 from .definition import Definition, Results, Value
 from .shared import Layout, Placed, Segment, page_aligned, reach
@@ -50,13 +49,7 @@ class IsolatedRun:
         self._binders: tuple[Binder, ...] = tuple(binder_for(c) for c in spec.contracts)
         self._inputs = self._binders[:spec.n_inputs]
         self._outputs = self._binders[spec.n_inputs:]
-        self.allocator = OutputAllocator(
-            spec.name,
-            [(c.name, c.spec) for c in spec.contracts[spec.n_inputs:]],  # type: ignore[misc]
-            [(i, a) for i, a in enumerate(spec.signature.args[:spec.n_inputs]) if isinstance(a, MemRefSpec)],
-            kernel.function,
-            spec.output_sources(),
-        )
+        self.allocator = allocator_for(spec, kernel.function)
         self._written = tuple(isinstance(c, BufferContract) and c.needs_writeable for c in spec.contracts)
         self._definition = Definition.of(kernel)
         self._token = f"{next(_tokens)}-{spec.name}"
