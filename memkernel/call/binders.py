@@ -107,6 +107,8 @@ class Binder:
 
 
 class ScalarBinder(Binder):
+    contract: ScalarContract
+
     def __init__(self, contract: ScalarContract) -> None:
         self.contract = contract
 
@@ -127,6 +129,8 @@ class ScalarBinder(Binder):
 
 class _BufferBinder(Binder):
     """Shared by ranked and unranked memrefs: array checks, coercion of inputs, copies."""
+
+    contract: BufferContract
 
     def __init__(self, contract: BufferContract) -> None:
         self.contract = contract

@@ -182,9 +182,9 @@ def analyse(parsed: ParsedSource, function: Callable[..., Any], name: str) -> Ke
     parameters = _parameters(name, function, signature)
     returned = inspect.signature(function).return_annotation
     n_inputs = len(parameters)
-    names = [p.name for p in parameters] + output_names(len(signature.args) - n_inputs)
+    called = [p.name for p in parameters] + output_names(len(signature.args) - n_inputs)
     contracts = tuple(
-        contract_for(name, names[i], i, spec, is_output=i >= n_inputs, may_write=i in written)
+        contract_for(name, called[i], i, spec, is_output=i >= n_inputs, may_write=i in written)
         for i, spec in enumerate(signature.args)
     )
     with MLIR_LOCK, parsed.context:
