@@ -120,3 +120,57 @@ def test_the_disk_cache_key_changes_with_memkernels_own_code(tmp_path):
     assertions.write_text(assertions.read_text() + "\n# a change\n")
     assert cache.code_digest(copy / "memkernel") != cache.code_digest(REPO / "memkernel")
     assert cache.code_digest() in cache.CacheKey.of(source="s").fields["memkernel"]
+
+
+# Spins until %limit, reading a flag atomically each turn so that LLVM cannot drop the loop.
+SPIN = """func.func @spin(%flag: memref<1xi32>, %limit: i64) -> i64 {
+  %c0 = arith.constant 0 : index
+  %zero = arith.constant 0 : i32
+  %one = arith.constant 1 : i64
+  %start = arith.constant 0 : i64
+  %seen = scf.while (%i = %start) : (i64) -> i64 {
+    %v = memref.atomic_rmw addi %zero, %flag[%c0] : (i32, memref<1xi32>) -> i32
+    %unset = arith.cmpi eq, %v, %zero : i32
+    %more = arith.cmpi slt, %i, %limit : i64
+    %go = arith.andi %unset, %more : i1
+    scf.condition(%go) %i : i64
+  } do {
+  ^bb0(%i: i64):
+    %next = arith.addi %i, %one : i64
+    scf.yield %next : i64
+  }
+  return %seen : i64
+}"""
+
+
+def test_the_isolate_worker_outlives_the_thread_that_started_it():
+    """A worker started by a thread that then ends must not die in the middle of another thread's call."""
+    import threading
+    import time
+
+    import memkernel.isolate.process
+
+    spin = mlir_kernel(SPIN, isolate=True, cache=False)(lambda flag, limit: None)
+    flag = np.zeros(1, np.int32)
+    with memkernel.isolate.process.lock():  # this test's own worker, started by the thread below
+        if memkernel.isolate.process._worker is not None:
+            memkernel.isolate.process._worker.close()
+        memkernel.isolate.process._worker = None
+    go = threading.Event()
+
+    def start_then_end() -> None:
+        spin(flag, 1)
+        go.wait()
+
+    starter = threading.Thread(target=start_then_end)
+    starter.start()
+    while not spin.compiled:
+        time.sleep(0.01)
+    outcome: list[object] = []
+    caller = threading.Thread(target=lambda: outcome.append(spin(flag, 200_000_000)))
+    caller.start()
+    time.sleep(0.5)
+    go.set()  # the starting thread ends while the other call runs in the worker
+    starter.join()
+    caller.join(timeout=120)
+    assert outcome == [200_000_000]

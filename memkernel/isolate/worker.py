@@ -19,9 +19,10 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-import signal
 import socket
 import sys
+import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -31,7 +32,8 @@ from . import channel
 from .definition import Results, Value, encode_results
 
 _IONBF = 2
-_PR_SET_PDEATHSIG = 1
+_PARENT_POLL = 0.5
+"""Seconds between the worker's checks that its parent still runs."""
 
 
 def _unbuffered_c_stdout() -> None:
@@ -41,10 +43,21 @@ def _unbuffered_c_stdout() -> None:
 
 
 def _die_with(parent: int) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    """End this worker when ``parent`` is gone, even in the middle of a kernel (which releases the GIL).
+
+    Polled, not ``PR_SET_PDEATHSIG``: that signal comes when the parent's *thread* that started the worker
+    ends, which killed a worker started by a short-lived thread in the middle of another thread's call.
+    """
     if os.getppid() != parent:
         os._exit(0)
+
+    def watch() -> None:
+        while True:
+            time.sleep(_PARENT_POLL)
+            if os.getppid() != parent:
+                os._exit(0)
+
+    threading.Thread(target=watch, name="memkernel-parent-watch", daemon=True).start()
 
 
 def _picklable(exc: BaseException) -> BaseException:
