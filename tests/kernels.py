@@ -25,3 +25,26 @@ func.func @{name}({params}, %out: {memref}) {{
   return
 }}
 """
+
+
+# Spins until another thread sets flag[0] or %limit turns pass, reading the flag atomically each turn so
+# that LLVM cannot drop the loop: returns the turns it made.
+WAIT_FOR_FLAG = """
+func.func @wait_for(%flag: memref<1xi32>, %limit: i64) -> i64 {
+  %c0 = arith.constant 0 : index
+  %zero = arith.constant 0 : i32
+  %one = arith.constant 1 : i64
+  %start = arith.constant 0 : i64
+  %seen = scf.while (%i = %start) : (i64) -> i64 {
+    %v = memref.atomic_rmw addi %zero, %flag[%c0] : (i32, memref<1xi32>) -> i32
+    %unset = arith.cmpi eq, %v, %zero : i32
+    %more = arith.cmpi slt, %i, %limit : i64
+    %go = arith.andi %unset, %more : i1
+    scf.condition(%go) %i : i64
+  } do {
+  ^bb0(%i: i64):
+    %next = arith.addi %i, %one : i64
+    scf.yield %next : i64
+  }
+  return %seen : i64
+}"""

@@ -15,6 +15,8 @@ import pytest
 from memkernel import KernelAssertionError, KernelTimeout, mlir_kernel
 from memkernel.compile import cache
 
+from .kernels import WAIT_FOR_FLAG
+
 REPO = Path(__file__).resolve().parents[1]
 
 VERIFYING_PIPELINE = (
@@ -122,27 +124,6 @@ def test_the_disk_cache_key_changes_with_memkernels_own_code(tmp_path):
     assert cache.code_digest() in cache.CacheKey.of(source="s").fields["memkernel"]
 
 
-# Spins until %limit, reading a flag atomically each turn so that LLVM cannot drop the loop.
-SPIN = """func.func @spin(%flag: memref<1xi32>, %limit: i64) -> i64 {
-  %c0 = arith.constant 0 : index
-  %zero = arith.constant 0 : i32
-  %one = arith.constant 1 : i64
-  %start = arith.constant 0 : i64
-  %seen = scf.while (%i = %start) : (i64) -> i64 {
-    %v = memref.atomic_rmw addi %zero, %flag[%c0] : (i32, memref<1xi32>) -> i32
-    %unset = arith.cmpi eq, %v, %zero : i32
-    %more = arith.cmpi slt, %i, %limit : i64
-    %go = arith.andi %unset, %more : i1
-    scf.condition(%go) %i : i64
-  } do {
-  ^bb0(%i: i64):
-    %next = arith.addi %i, %one : i64
-    scf.yield %next : i64
-  }
-  return %seen : i64
-}"""
-
-
 def test_the_isolate_worker_outlives_the_thread_that_started_it():
     """A worker started by a thread that then ends must not die in the middle of another thread's call."""
     import threading
@@ -150,7 +131,7 @@ def test_the_isolate_worker_outlives_the_thread_that_started_it():
 
     import memkernel.isolate.process
 
-    spin = mlir_kernel(SPIN, isolate=True, cache=False)(lambda flag, limit: None)
+    spin = mlir_kernel(WAIT_FOR_FLAG, isolate=True, cache=False)(lambda flag, limit: None)
     flag = np.zeros(1, np.int32)
     with memkernel.isolate.process.lock():  # this test's own worker, started by the thread below
         if memkernel.isolate.process._worker is not None:

@@ -10,7 +10,7 @@ import pytest
 from memkernel import ArgumentError, ShapeError, ValueRangeError, mlir_kernel
 from memkernel.fastpath.abi import fast_path_supported
 
-from ..kernels import elementwise
+from ..kernels import WAIT_FOR_FLAG, elementwise
 from .conftest import with_fast_path
 
 AXPY = """
@@ -159,32 +159,11 @@ def test_int_like_values_the_fast_path_declines_still_work(value, converted, sta
     assert shifted == converted
 
 
-SPIN = """
-func.func @wait_for(%flag: memref<1xi32>, %limit: i64) -> i64 {
-  %c0 = arith.constant 0 : index
-  %zero = arith.constant 0 : i32
-  %one = arith.constant 1 : i64
-  %start = arith.constant 0 : i64
-  %seen = scf.while (%i = %start) : (i64) -> i64 {
-    %v = memref.atomic_rmw addi %zero, %flag[%c0] : (i32, memref<1xi32>) -> i32
-    %unset = arith.cmpi eq, %v, %zero : i32
-    %more = arith.cmpi slt, %i, %limit : i64
-    %go = arith.andi %unset, %more : i1
-    scf.condition(%go) %i : i64
-  } do {
-  ^bb0(%i: i64):
-    %next = arith.addi %i, %one : i64
-    scf.yield %next : i64
-  }
-  return %seen : i64
-}"""
-
-
 @pytest.mark.parametrize("through", ["fast path", "checked path"])
 def test_gil_is_released_while_the_kernel_runs(through):
     """The kernel spins until another Python thread sets a flag: that thread can run only without the GIL."""
 
-    @mlir_kernel(SPIN)
+    @mlir_kernel(WAIT_FOR_FLAG)
     def wait_for(flag, limit): ...
 
     with_fast_path(wait_for)
