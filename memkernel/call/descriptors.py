@@ -72,3 +72,16 @@ def is_direct_contiguous(array: np.ndarray) -> bool:
 def contiguous_copy(array: np.ndarray) -> np.ndarray:
     """A fresh, aligned, C-contiguous copy of ``array``."""
     return np.array(array, order="C", copy=True)
+
+
+def reach(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> tuple[int, int]:
+    """The bytes ``[low, high)`` a non-empty array's elements occupy, relative to its first element
+    (``strides`` in bytes)."""
+    low = high = 0
+    for size, stride in zip(shape, strides):
+        step = (size - 1) * stride
+        if step < 0:
+            low += step
+        else:
+            high += step
+    return low, high + itemsize

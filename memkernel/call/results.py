@@ -31,7 +31,7 @@ import numpy as np
 from ..errors import AllocationError, ShapeError
 from ..spec.signature import ArgSpec, MemRefSpec, ScalarSpec, UnrankedSpec
 from . import scalars
-from .descriptors import UNRANKED_FORMAT, align, ranked_format, ranked_struct
+from .descriptors import UNRANKED_FORMAT, align, ranked_format, ranked_struct, reach
 
 GLOBAL_MEMORY = 0xDEADBEEF
 
@@ -117,8 +117,7 @@ class ResultAdopter:
             return
         itemsize = spec.element.itemsize
         data = fields[1] + fields[2] * itemsize
-        low = data + itemsize * sum(min(0, (n - 1) * s) for n, s in zip(shape, strides))
-        high = data + itemsize * (sum(max(0, (n - 1) * s) for n, s in zip(shape, strides)) + 1)
+        low, high = (data + bound for bound in reach(shape, tuple(s * itemsize for s in strides), itemsize))
         start, end = np.lib.array_utils.byte_bounds(argument)
         if low < start or high > end:
             raise ShapeError(

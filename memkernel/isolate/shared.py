@@ -17,6 +17,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ..call.descriptors import reach
+
 PAGE = mmap.PAGESIZE
 MIN_SEGMENT = 1 << 20
 
@@ -25,16 +27,6 @@ def _address(array: np.ndarray) -> int:
     return int(array.__array_interface__["data"][0])
 
 
-def reach(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> tuple[int, int]:
-    """The bytes ``[low, high)`` a non-empty array's elements occupy, relative to its first element."""
-    low = high = 0
-    for size, stride in zip(shape, strides):
-        step = (size - 1) * stride
-        if step < 0:
-            low += step
-        else:
-            high += step
-    return low, high + itemsize
 
 
 
