@@ -232,27 +232,26 @@ def unconditional(op: ir.Operation, function: ir.Operation) -> bool:
     return parent is not None
 
 
-def _linear(expr: ir.AffineExpr) -> tuple[dict[int, int], int] | None:
+def _linear(expr: Expr | None) -> tuple[dict[int, int], int] | None:
     """``expr`` as ``{loop dim: coefficient}`` and a constant; None if it is not a non-negative linear sum."""
-    if isinstance(expr, ir.AffineDimExpr):
-        return {expr.position: 1}, 0
-    if isinstance(expr, ir.AffineConstantExpr):
-        return ({}, expr.value) if expr.value >= 0 else None
-    if isinstance(expr, ir.AffineAddExpr):
-        left, right = _linear(expr.lhs), _linear(expr.rhs)
+    if expr is None:
+        return None
+    kind = expr[0]
+    if kind == "d":
+        return {expr[1]: 1}, 0
+    if kind == "c":
+        return ({}, expr[1]) if expr[1] >= 0 else None
+    if kind == "+":
+        left, right = _linear(expr[1]), _linear(expr[2])
         if left is None or right is None:
             return None
         terms = dict(left[0])
         for d, c in right[0].items():
             terms[d] = terms.get(d, 0) + c
         return terms, left[1] + right[1]
-    if isinstance(expr, ir.AffineMulExpr):
-        for factor, other in ((expr.lhs, expr.rhs), (expr.rhs, expr.lhs)):
-            if isinstance(factor, ir.AffineConstantExpr) and factor.value >= 0:
-                inner = _linear(other)
-                if inner is None:
-                    return None
-                return {d: c * factor.value for d, c in inner[0].items()}, inner[1] * factor.value
+    if kind == "*" and expr[2] >= 0:
+        inner = _linear(expr[1])
+        return None if inner is None else ({d: c * expr[2] for d, c in inner[0].items()}, inner[1] * expr[2])
     return None
 
 
@@ -324,13 +323,12 @@ class _Collector:
                     if first != here:
                         self.tie(first, here, reason)
                     continue
-                linear = _linear(expr)
+                serialized = _expression(expr)
+                linear = _linear(serialized)
                 if linear is not None and linear[0]:
                     affine.append((here, linear[0], linear[1]))
-                else:
-                    serialized = _expression(expr)
-                    if serialized is not None:
-                        general.append((here, serialized))
+                elif serialized is not None:
+                    general.append((here, serialized))
         for target, terms, constant in affine:
             if all(d in loop_dims for d in terms):
                 self.bounds.append(Bound(target, tuple((c, loop_dims[d]) for d, c in sorted(terms.items())),
