@@ -196,10 +196,6 @@ def _sub_byte_memref(t: ir.Type) -> str | None:
     return element if element == "i1" or element in SUB_BYTE_FLOAT_BITS else None
 
 
-def _is_i1_memref(t: ir.Type) -> bool:
-    return _sub_byte_memref(t) == "i1"
-
-
 def check_before_lowering(module: ir.Module, pipeline: Pipeline) -> None:
     """Refuse, with a SignatureError, IR that the lowering would miscompile or abort on."""
     vector_ops: list[tuple[str, str]] = []

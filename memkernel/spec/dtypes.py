@@ -134,9 +134,6 @@ class ElementType:
             return _NATIVE_FLOATS[self.mlir][1]
         return None
 
-    def accepts(self, dtype: np.dtype) -> bool:
-        return dtype in self.accepted
-
 
 def _integer(width: int, signedness: str) -> ElementType:
     signed = np.dtype(f"int{width}")

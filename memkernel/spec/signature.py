@@ -46,9 +46,6 @@ class MemRefSpec:
     def rank(self) -> int:
         return len(self.shape)
 
-    @property
-    def is_identity(self) -> bool:
-        return self.layout is None
 
     def same_pattern(self, other: MemRefSpec) -> bool:
         """Same rank, same static sizes and ``?`` at the same positions."""
