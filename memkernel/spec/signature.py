@@ -46,7 +46,6 @@ class MemRefSpec:
     def rank(self) -> int:
         return len(self.shape)
 
-
     def same_pattern(self, other: MemRefSpec) -> bool:
         """Same rank, same static sizes and ``?`` at the same positions."""
         return self.shape == other.shape
