@@ -37,6 +37,7 @@ ROWS = {
         "memkernel tensor reduce, pipeline=fast",
         "memkernel tensor reduce, pipeline=default",
         "memkernel memref reduce, pipeline=fast",
+        "memkernel memref reduce, pipeline=default",
     ],
     "matmul, 512×512×512 f32, out=, numpy's 16-byte-aligned arrays": [
         "np.matmul(a, b, out=c), OPENBLAS_NUM_THREADS=",

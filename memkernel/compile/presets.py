@@ -18,7 +18,9 @@ to the ops they know, sized for the host's vector width:
 - 1-d reductions to a scalar on f32/f64 tensors (``linalg.reduce``, and
   ``linalg.generic`` with one reduction iterator): split into vector-wide
   partial results carried across the loop, vectorized with masks for the tail
-  (see ``transforms/reduction.mlir``).
+  (see ``transforms/reduction.mlir``);
+- reductions on memrefs: their accumulating ``arith.addf``/``arith.mulf`` marked
+  ``fastmath<reassoc>``, which lets LLVM vectorize them (see :mod:`.reassociation`).
 
 Every other op, and any op a strategy fails on, takes the default lowering:
 a strategy is applied to a copy of the module, which is kept only if the whole
@@ -32,11 +34,13 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
+from typing import Protocol
 
 from mlir import ir
 from mlir.dialects.transform import interpreter
 
 from . import objects as jit
+from .reassociation import Reassociation
 
 _FLOATS = ("f32", "f64")
 
@@ -209,10 +213,26 @@ class Strategy:
         return copy
 
 
-PRESETS: dict[str, tuple[Strategy, ...]] = {
+class Step(Protocol):
+    """One step of a preset: a transform :class:`Strategy`, or a rewrite such as :class:`Reassociation`."""
+
+    @property
+    def on_tensors(self) -> bool:
+        """Whether it applies before bufferization (else after)."""
+
+    @property
+    def text(self) -> str:
+        """What identifies its behaviour in a preset's fingerprint."""
+
+    def applied(self, module: ir.Module) -> ir.Module:
+        """``module`` with the step applied (the module itself where it does not apply)."""
+
+
+PRESETS: dict[str, tuple[Step, ...]] = {
     "default": (),
     "fast": (
         Strategy("reduction.mlir", True, _reduction_parameters),
+        Reassociation(),
         Strategy("matmul.mlir", False, _matmul_parameters),
         *(Strategy("convolution.mlir", False, _convolution_parameters(op)) for op in CONVOLUTIONS),
     ),

@@ -4,9 +4,8 @@
 // Splits the reduction into {lanes}-wide partial results carried across the loop (which
 // reassociates the sum, as numpy's pairwise summation does), vectorizes the partial step
 // with masks for the last, partial chunk, and reduces the partials once at the end.
-// This needs tensor semantics: on memrefs the output may alias the input, so the
-// accumulator cannot be kept in registers, and the preset leaves memref reductions to
-// the default lowering.
+// This needs tensor semantics (the output must not alias the input); reductions on
+// memrefs get the preset's reassociation rule instead (memkernel/compile/reassociation.py).
 module attributes {transform.with_named_sequence} {
   transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {
     %reduce = transform.structured.match ops{["linalg.reduce"]} in %root
