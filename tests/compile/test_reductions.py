@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import memkernel.call.plan
 import memkernel.compile.reassociation
 from memkernel import mlir_kernel
 from memkernel.compile.presets import fingerprint
@@ -134,3 +135,18 @@ def test_the_fast_fingerprint_covers_the_rule(monkeypatch):
     before = fingerprint("fast")
     monkeypatch.setattr(memkernel.compile.reassociation.Reassociation, "text", "another rule")
     assert fingerprint("fast") != before
+
+
+@pytest.mark.parametrize("position", [0, 5, 2048, 4095])
+def test_the_vectorized_sum_is_still_the_loop_as_written_when_its_output_is_inside_its_input(monkeypatch, position):
+    # memkernel copies an input that an output overlaps, so only a call past that rule shows what the compiled
+    # loop does with aliased memory: LLVM vectorizes it behind a runtime overlap check, and here the check must
+    # send it down the loop as written, each partial sum stored into the input before it is read again.
+    monkeypatch.setattr(memkernel.call.plan.CallPlan, "_separate_overlaps", lambda self, checked: None)
+    x = np.arange(1, 4097, dtype=np.float32) / 7
+    expected = x.copy()
+    for i in range(len(expected)):
+        expected[position] = np.float32(expected[i] + expected[position])
+    SUMS["f32", ""](x, out=x[position:position + 1].reshape(()))
+    assert SUMS["f32", ""].invoker.last_path == "checked"
+    np.testing.assert_array_equal(x, expected)
