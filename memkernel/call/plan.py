@@ -52,6 +52,36 @@ class _Frame:
             struct.pack_into("<Q", self.buffer, slot, base + target)
 
 
+class ArgumentCheck:
+    """Every rule of a call, before anything runs: what both the call plan and an isolated call apply."""
+
+    def __init__(self, kernel: str, binders: Sequence[Binder], n_inputs: int, allocator: OutputAllocator,
+                 shapes: ShapeRules) -> None:
+        self._kernel = kernel
+        self._inputs = tuple(binders[:n_inputs])
+        self._outputs = tuple(binders[n_inputs:])
+        self._names = tuple(b.contract.name for b in binders)
+        self._allocator = allocator
+        self._shapes = shapes
+
+    def __call__(self, args: tuple[Any, ...], given: tuple[Any, ...]) -> tuple[CallState, list[Any], tuple[Any, ...]]:
+        """Check and convert each input of ``args``, allocate the outputs ``given`` leaves out (None) from them,
+        check each output and the shape rules; the call's state, the checked arguments and the outputs."""
+        state = CallState()
+        checked = [binder.check(value, state) for binder, value in zip(self._inputs, args)]
+        if any(g is None for g in given):
+            shown = tuple(c if not isinstance(b, ScalarBinder) else v
+                          for b, c, v in zip(self._inputs, checked, args))
+            outputs = self._allocator.allocate(shown, given)
+        else:
+            outputs = given
+        checked += [binder.check(value, state) for binder, value in zip(self._outputs, outputs)]
+        self._shapes.check(self._kernel, self._names,
+                           [None if isinstance(b, ScalarBinder) else c.shape
+                            for b, c in zip(self._inputs + self._outputs, checked)])
+        return state, checked, outputs
+
+
 class CallPlan:
     """Packs arguments into a frame, calls the kernel and decodes its results."""
 
@@ -62,13 +92,9 @@ class CallPlan:
         :mod:`memkernel.compile.assertions`): calls go through it, and a failed ``cf.assert`` is raised as a
         KernelAssertionError showing the line of ``source`` it points at."""
         self.binders = tuple(binders)
-        self._shapes = shapes
+        self._check = ArgumentCheck(kernel, binders, n_inputs, allocator, shapes)
         self._overlaps = tuple(overlaps)
         self._kernel = kernel
-        self._names = tuple(b.contract.name for b in binders)
-        self._inputs = self.binders[:n_inputs]
-        self._outputs = self.binders[n_inputs:]
-        self._allocator = allocator
         self._reader = ResultReader(results, self._kernel)
         self._address = address
         self._function = _ENTRY(address)
@@ -148,17 +174,7 @@ class CallPlan:
         Returns the output arrays and the decoded results; raises the error that
         explains the first wrong argument.
         """
-        state = CallState()
-        checked = [binder.check(value, state) for binder, value in zip(self._inputs, args)]
-        if any(g is None for g in given):
-            shown = tuple(c if not isinstance(b, ScalarBinder) else v
-                          for b, c, v in zip(self._inputs, checked, args))
-            outputs = self._allocator.allocate(shown, given)
-        else:
-            outputs = given
-        checked += [binder.check(value, state) for binder, value in zip(self._outputs, outputs)]
-        self._shapes.check(self._kernel, self._names,
-                           [None if isinstance(b, ScalarBinder) else c.shape for b, c in zip(self.binders, checked)])
+        state, checked, outputs = self._check(args, given)
         self._separate_overlaps(checked)
         packed: list[Any] = []
         for binder, value in zip(self.binders, checked):

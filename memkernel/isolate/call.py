@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from ..call.allocation import allocator_for
-from ..call.binders import Binder, CallState, ScalarBinder, binder_for, describe_value
+from ..call.binders import Binder, ScalarBinder, binder_for, describe_value
+from ..call.plan import ArgumentCheck
 from ..call.results import ExposedMemory
 from ..call import scalars
 from ..errors import KernelCrashed, KernelTimeout, ShapeError
@@ -47,9 +48,8 @@ class IsolatedRun:
         self._kernel = spec.name
         self._spec = spec
         self._binders: tuple[Binder, ...] = tuple(binder_for(c) for c in spec.contracts)
-        self._inputs = self._binders[:spec.n_inputs]
-        self._outputs = self._binders[spec.n_inputs:]
         self.allocator = allocator_for(spec, kernel.function)
+        self._check = ArgumentCheck(spec.name, self._binders, spec.n_inputs, self.allocator, spec.shapes)
         self._written = tuple(isinstance(c, BufferContract) and c.needs_writeable for c in spec.contracts)
         self._definition = Definition.of(kernel)
         self._token = f"{next(_tokens)}-{spec.name}"
@@ -78,19 +78,10 @@ class IsolatedRun:
         return returned[0] if len(returned) == 1 else returned
 
     def _checked(self, args: tuple[Any, ...], given: tuple[Any, ...]) -> tuple[list[Any], tuple[Any, ...], list[bool]]:
-        """Each argument checked and converted, the outputs allocated, the shape rules checked, as the call
-        plan does; and which outputs were allocated here."""
-        state = CallState()
-        checked = [binder.check(value, state) for binder, value in zip(self._inputs, args)]
-        outputs = given
-        if any(g is None for g in given):
-            shown = tuple(c if not isinstance(b, ScalarBinder) else v for b, c, v in zip(self._inputs, checked, args))
-            outputs = self.allocator.allocate(shown, given)
-        checked += [binder.check(value, state) for binder, value in zip(self._outputs, outputs)]
-        self._spec.shapes.check(self._kernel, self._spec.argument_names,
-                                [None if isinstance(b, ScalarBinder) else c.shape
-                                 for b, c in zip(self._binders, checked)])
-        fresh = [False] * len(self._inputs) + [g is None for g in given]
+        """Each argument checked and converted, the outputs allocated, the shape rules checked (the call plan's
+        :class:`~memkernel.call.plan.ArgumentCheck`); and which outputs were allocated here."""
+        _, checked, outputs = self._check(args, given)
+        fresh = [False] * self._spec.n_inputs + [g is None for g in given]
         return checked, outputs, fresh
 
     @staticmethod
@@ -118,7 +109,7 @@ class IsolatedRun:
                  checked: list[Any]) -> Results:
         self._define(worker)
         try:
-            reply = worker.request(("call", self._token, values, len(self._outputs), worker.take_dropped()),
+            reply = worker.request(("call", self._token, values, len(self._binders) - self._spec.n_inputs, worker.take_dropped()),
                                    timeout=self._timeout)
         except process.WorkerDied as died:
             raise self._crashed(died, self._summary(args, checked), "running the call") from None
