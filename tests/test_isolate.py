@@ -476,3 +476,32 @@ def test_the_worker_is_another_process():
     add(np.ones(2, np.float32), np.ones(2, np.float32))
     worker = memkernel.isolate.process.worker()
     assert worker.process.pid != os.getpid() and worker.alive()
+
+
+def test_timeout_bounds_the_wait_behind_another_isolated_call_which_goes_on(floats):
+    spin = mlir_kernel(SPIN, isolate=True, timeout=3)(lambda n: None)
+    add = add_kernel(isolate=True, timeout=0.3)
+    a, b = floats
+    add(a, b)  # compiled in the worker before the wait is timed
+    outcome: list[BaseException] = []
+
+    def hang() -> None:
+        try:
+            spin(3)
+        except KernelTimeout as exc:
+            outcome.append(exc)
+
+    runner = threading.Thread(target=hang)
+    runner.start()
+    time.sleep(0.5)  # the spin holds the worker now
+    started = time.perf_counter()
+    with pytest.raises(KernelTimeout) as caught:
+        add(a, b)
+    waited = time.perf_counter() - started
+    assert 0.25 < waited < 2
+    assert str(caught.value).startswith(
+        "add(in0=float32[16], in1=float32[16], out=float32[16]) waited timeout=0.3 s for the worker process, which was "
+        "running another isolated call all that time, and did not start.")
+    runner.join()
+    assert len(outcome) == 1 and str(outcome[0]).startswith("spin(n=3) ran longer than timeout=3 s")
+    np.testing.assert_array_equal(add(a, b), a + b)

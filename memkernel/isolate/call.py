@@ -16,8 +16,11 @@ view of the caller's memory there; any other comes back as an array.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import time
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -64,11 +67,12 @@ class IsolatedRun:
         arrays = [i for i, (b, c) in enumerate(zip(self._binders, checked))
                   if not isinstance(b, ScalarBinder) and c.size]
         layout = Layout([checked[i] for i in arrays])
-        with process.lock():
+        deadline = None if self._timeout is None else time.monotonic() + self._timeout
+        with self._worker_lock(args, checked):
             worker = self._worker()
             values: list[Value] = [self._value(b, c) for b, c in zip(self._binders, checked)]
             views = self._copy_in(worker.segment_for(layout.size), layout, arrays, checked, fresh, values)
-            results = self._request(worker, values, args, checked)
+            results = self._request(worker, values, args, checked, deadline)
             for i, view in views.items():
                 if self._written[i] or fresh[i]:
                     np.copyto(checked[i], view, casting="no")
@@ -105,12 +109,31 @@ class IsolatedRun:
             return ("value", scalars.decode(checked, binder.contract.element))
         return ("value", checked if not checked.size else None)  # a non-empty array is placed in the segment
 
+    @contextlib.contextmanager
+    def _worker_lock(self, args: tuple[Any, ...], checked: list[Any]) -> Iterator[None]:
+        """The worker to this call alone; with ``timeout=``, KernelTimeout if another isolated call holds it
+        for that long (that call goes on: it is not this call's to end)."""
+        lock = process.lock()
+        if not lock.acquire(timeout=-1 if self._timeout is None else self._timeout):
+            raise KernelTimeout(
+                f"{self._kernel}({self._summary(args, checked)}) waited timeout={self._timeout:g} s for the worker "
+                "process, which was running another isolated call all that time, and did not start. One worker "
+                "runs the isolated calls of a process one at a time; raise timeout= to wait longer."
+            )
+        try:
+            yield
+        finally:
+            lock.release()
+
     def _request(self, worker: process.Worker, values: list[Value], args: tuple[Any, ...],
-                 checked: list[Any]) -> Results:
+                 checked: list[Any], deadline: float | None) -> Results:
+        # The budget is the call's: what waiting for the worker took is spent; compiling the kernel in a
+        # worker that restarted is not.
+        remaining = None if deadline is None else max(deadline - time.monotonic(), 0.001)
         self._define(worker)
         try:
-            reply = worker.request(("call", self._token, values, len(self._binders) - self._spec.n_inputs, worker.take_dropped()),
-                                   timeout=self._timeout)
+            reply = worker.request(("call", self._token, values, len(self._binders) - self._spec.n_inputs,
+                                    worker.take_dropped()), timeout=remaining)
         except process.WorkerDied as died:
             raise self._crashed(died, self._summary(args, checked), "running the call") from None
         except process.WorkerTimedOut:
