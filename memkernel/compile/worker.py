@@ -212,6 +212,20 @@ class CompileWorker:
         """End the worker: closing its pipe ends its loop."""
         with self._lock:
             process, self._process = self._process, None
+        self._end(process)
+
+    def close_if_idle(self) -> None:
+        """End the worker unless it is serving a request (it starts again at its next one)."""
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            process, self._process = self._process, None
+        finally:
+            self._lock.release()
+        self._end(process)
+
+    @staticmethod
+    def _end(process: _Process | None) -> None:
         if process is not None:
             process.close()
             try:
@@ -246,16 +260,28 @@ def _report(stderr: str, *, failed: bool) -> None:
 
 
 _workers: dict[tuple[str, ...], CompileWorker] = {}
+"""The compile workers by LLVM options, the most recently used last."""
 _workers_lock = threading.Lock()
+
+KEEP_RUNNING = 2
+"""How many compile workers, the most recently used, are left running when idle: each is an interpreter with
+MLIR loaded (about 190 MB resident), and a process that compiles with many sets of ``llvm_options`` would
+otherwise keep one per set. An ended worker starts again (about a second) at its next request."""
 
 
 def worker(options: Sequence[str] = ()) -> CompileWorker:
-    """The process's compile worker for LLVM ``options`` (a worker is started by its first request)."""
+    """The process's compile worker for LLVM ``options`` (a worker is started by its first request).
+
+    Workers beyond the :data:`KEEP_RUNNING` most recently used are ended if idle.
+    """
     key = tuple(options)
     with _workers_lock:
-        if key not in _workers:
-            _workers[key] = CompileWorker(key)
-        return _workers[key]
+        chosen = _workers.pop(key, None) or CompileWorker(key)
+        _workers[key] = chosen
+        others = list(_workers.values())[:-KEEP_RUNNING]
+    for each in others:
+        each.close_if_idle()
+    return chosen
 
 
 def in_process() -> bool:

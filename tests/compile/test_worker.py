@@ -271,3 +271,28 @@ def test_what_llvm_reports_for_an_option_reaches_sys_stderr(capsys):
         lambda a, b: None)
     check_add(kernel)
     assert f"# Machine code for function {name}:" in capsys.readouterr().err
+
+
+OPTION_SETS = [("-enable-matrix",), ("-enable-loop-distribute",), ("-enable-unroll-and-jam",),
+               ("-enable-matrix", "-enable-loop-distribute")]
+
+
+def test_idle_workers_beyond_the_most_recent_are_ended_and_start_again_when_needed():
+    a = np.arange(5, dtype=np.float64)
+    for options in OPTION_SETS:
+        add_kernel(cache=False, llvm_options=options).compile()
+    # Read without worker(), which would mark each set as just used.
+    running = [options for options in OPTION_SETS if compile_worker._workers[options].pid() is not None]
+    assert running == OPTION_SETS[-compile_worker.KEEP_RUNNING:]
+    np.testing.assert_array_equal(add_kernel(cache=False, llvm_options=OPTION_SETS[0])(a, a), a + a)
+    assert compile_worker._workers[OPTION_SETS[0]].pid() is not None
+
+
+def test_a_busy_worker_is_not_ended_to_make_room():
+    busy = compile_worker.worker(OPTION_SETS[0])
+    add_kernel(cache=False, llvm_options=OPTION_SETS[0]).compile()
+    pid = busy.pid()
+    with busy._lock:  # as while it serves a request from another thread
+        for options in OPTION_SETS[1:]:
+            compile_worker.worker(options)
+        assert busy.pid() == pid
