@@ -153,3 +153,89 @@ def test_a_kernel_loaded_from_the_disk_cache_is_still_guarded(tmp_path):
         done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180,
                               env=env)
         assert done.stdout.strip() == "raised", done.stderr
+
+
+# q = a / b (or the other op) elementwise, one scalar at a time: the division is on line 6.
+DIVIDE = """func.func @divide(%a: memref<?x{t}>, %b: memref<?x{t}>, %q: memref<?x{t}>) {{
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %n = memref.dim %a, %c0 : memref<?x{t}>
+  scf.for %i = %c0 to %n step %c1 {{
+    %x = memref.load %a[%i] : memref<?x{t}>
+    %y = memref.load %b[%i] : memref<?x{t}>
+    %r = arith.{op} %x, %y : {t}
+    memref.store %r, %q[%i] : memref<?x{t}>
+  }}
+  return
+}}"""
+
+# The same with vector<4x...> operands: every lane is checked.
+VECTOR_DIVIDE = """func.func @divide(%a: memref<4xi32>, %b: memref<4xi32>, %q: memref<4xi32>) {
+  %c0 = arith.constant 0 : index
+  %pad = arith.constant 0 : i32
+  %x = vector.transfer_read %a[%c0], %pad : memref<4xi32>, vector<4xi32>
+  %y = vector.transfer_read %b[%c0], %pad : memref<4xi32>, vector<4xi32>
+  %r = arith.divsi %x, %y : vector<4xi32>
+  vector.transfer_write %r, %q[%c0] : vector<4xi32>, memref<4xi32>
+  return
+}"""
+
+TRAPPING = [
+    ("divsi", "i32", np.int32, [7, 1], [0, 1], "integer division by zero (divsi)"),
+    ("remsi", "i64", np.int64, [7, 1], [1, 0], "integer division by zero (remsi)"),
+    ("divui", "i8", np.uint8, [7, 200], [3, 0], "integer division by zero (divui)"),
+    ("remui", "i16", np.uint16, [7, 1], [0, 0], "integer division by zero (remui)"),
+    ("floordivsi", "i32", np.int32, [5, 1], [0, 2], "integer division by zero (floordivsi)"),
+    ("ceildivsi", "i32", np.int32, [5, 1], [2, 0], "integer division by zero (ceildivsi)"),
+    ("divsi", "i32", np.int32, [7, -2**31], [2, -1],
+     "integer overflow: -2147483648 divided by -1 (divsi) does not fit i32"),
+    ("remsi", "i8", np.int8, [-128, 5], [-1, 2], "integer overflow: -128 divided by -1 (remsi) does not fit i8"),
+]
+
+
+@pytest.mark.parametrize("op, t, dtype, a, b, message", TRAPPING)
+def test_checked_turns_a_trapping_integer_division_into_an_exception_with_its_line(op, t, dtype, a, b, message):
+    divide = mlir_kernel(DIVIDE.format(op=op, t=t), checked=True)(lambda a, b: None)
+    with pytest.raises(KernelAssertionError, match=re.escape(
+            f"divide(): the kernel stopped at a failed assertion:\n{message}\nLocation: line 8, column 10\n"
+            f"    %r = arith.{op} %x, %y : {t}")):
+        divide(np.array(a, dtype), np.array(b, dtype))
+
+
+@pytest.mark.parametrize("op, t, dtype, numpy_op", [
+    ("divsi", "i32", np.int32, lambda a, b: np.trunc(a / b)), ("remsi", "i32", np.int32, np.fmod),
+    ("divui", "i8", np.uint8, np.floor_divide), ("remui", "i8", np.uint8, np.remainder),
+    ("floordivsi", "i64", np.int64, np.floor_divide),
+])
+def test_checked_divisions_that_do_not_trap_compute_numpys_answer(op, t, dtype, numpy_op):
+    rng = np.random.default_rng(0)
+    info = np.iinfo(dtype)
+    a = rng.integers(info.min, info.max, 200, dtype=dtype, endpoint=True)
+    b = rng.integers(info.min, info.max, 200, dtype=dtype, endpoint=True)
+    b[b == 0] = 3
+    if info.min < 0:
+        b[(a == info.min) & (b == -1)] = 2
+    divide = mlir_kernel(DIVIDE.format(op=op, t=t), checked=True)(lambda a, b: None)
+    expected = numpy_op(a.astype(np.float64) if op == "divsi" else a, b).astype(dtype)
+    np.testing.assert_array_equal(divide(a, b).view(dtype), expected)  # an i8 output is allocated as int8
+
+
+def test_checked_checks_every_lane_of_a_vector_division():
+    divide = mlir_kernel(VECTOR_DIVIDE, checked=True)(lambda a, b: None)
+    a = np.array([8, 9, 10, -2**31], np.int32)
+    np.testing.assert_array_equal(divide(a, np.array([2, 3, 5, 1], np.int32)), [4, 3, 2, -2**31])
+    with pytest.raises(KernelAssertionError, match=r"integer division by zero \(divsi\)"):
+        divide(a, np.array([2, 3, 0, 1], np.int32))
+    with pytest.raises(KernelAssertionError, match=r"integer overflow: -2147483648 divided by -1"):
+        divide(a, np.array([2, 3, 5, -1], np.int32))
+
+
+def test_checked_index_division_by_zero_is_an_exception():
+    source = DIVIDE.replace("%r = arith.{op} %x, %y : {t}", "%xi = arith.index_cast %x : {t} to index\n"
+                            "    %yi = arith.index_cast %y : {t} to index\n"
+                            "    %ri = arith.divsi %xi, %yi : index\n"
+                            "    %r = arith.index_cast %ri : index to {t}")
+    divide = mlir_kernel(source.format(t="i64"), checked=True)(lambda a, b: None)
+    np.testing.assert_array_equal(divide(np.array([9], np.int64), np.array([-2], np.int64)), [-4])
+    with pytest.raises(KernelAssertionError, match=r"integer division by zero \(divsi\)"):
+        divide(np.array([9], np.int64), np.array([0], np.int64))

@@ -88,15 +88,21 @@ llvm.func @{GUARD}(%frame: !llvm.ptr, %entry: !llvm.ptr, %args: !llvm.ptr) -> i3
 """
 
 
+def located(message: str, location: ir.Location) -> str:
+    """``message`` followed by the source line and column of ``location``, where it has them."""
+    where = _LOCATION.search(str(location))
+    if where is None or "Location:" in message:
+        return message
+    return f"{message}\nLocation: line {where[1]}, column {where[2]}"
+
+
 def annotate(module: ir.Module) -> None:
     """Append each ``cf.assert``'s source location to its message (unless it names one already)."""
 
     def visit(op: ir.Operation) -> ir.WalkResult:
         if op.name == "cf.assert":
             message = ir.StringAttr(op.attributes["msg"]).value
-            where = _LOCATION.search(str(op.location))
-            if where and "Location:" not in message:
-                op.attributes["msg"] = ir.StringAttr.get(f"{message}\nLocation: line {where[1]}, column {where[2]}")
+            op.attributes["msg"] = ir.StringAttr.get(located(message, op.location))
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit)

@@ -40,6 +40,7 @@ from ..diagnostics import format_diagnostics
 from ..spec.dtypes import SMALL_FLOAT_NAMES, SUB_BYTE_FLOAT_BITS
 from ..errors import CompileError, SignatureError
 from .libraries import find_library
+from .division_checks import add_division_checks
 from .presets import PRESETS, fingerprint
 from ..spec.signature import llvm_function_types
 from ..spec.source import MLIR_LOCK, shared_context
@@ -415,6 +416,12 @@ def drop_unused_declarations(module: ir.Module) -> None:
             op.erase()
 
 
+def _verify(module: ir.Module, source: str) -> None:
+    """``checked=True``: upstream's runtime verification of memory accesses, and memkernel's of integer division."""
+    _run(_VERIFY, module, source)
+    add_division_checks(module)
+
+
 def lower(module: ir.Module, pipeline: Pipeline, source: str, until: str = "llvm") -> ir.Module:
     """Lower ``module`` up to stage ``until``; the lowered module (the same one or, after a
     preset's strategies, a new one). CompileError with the diagnostics on failure.
@@ -429,7 +436,7 @@ def lower(module: ir.Module, pipeline: Pipeline, source: str, until: str = "llvm
             raise ValueError(f"a custom pipeline has the stages 'input' and 'llvm', not {until!r}")
         _scheduled(module, pipeline, source, pipeline.schedule or SCHEDULES[0])
         if pipeline.checked:
-            _run(_VERIFY, module, source)
+            _verify(module, source)
         _run(pipeline.custom, module, source)
         return module
     _scheduled(module, pipeline, source, "before-bufferization")
@@ -441,7 +448,7 @@ def lower(module: ir.Module, pipeline: Pipeline, source: str, until: str = "llvm
         _run(_BUFFERIZE, module, source)
     _scheduled(module, pipeline, source, "after-bufferization")
     if pipeline.checked:
-        _run(_VERIFY, module, source)
+        _verify(module, source)
     if until == "bufferized":
         return module
     for strategy in strategies:
