@@ -150,6 +150,8 @@ class _Generator:
         self.contracts = spec.contracts
         self.n_inputs = spec.n_inputs
         self.ties = spec.shapes.ties
+        self.minimum_sizes = spec.shapes.bounds
+        """Bounds of constants alone (a slice or an element at constant positions): the only ones it gets."""
         self.overlaps = spec.overlap_pairs
         self.sizes: dict[int, list[str]] = {}
         self.descriptors: dict[int, tuple[str, list[str], list[str]]] = {}
@@ -307,13 +309,16 @@ class _Generator:
         return [e.value(f"llvm.trunc {value} : i64 to {llvm_type}")]
 
     def _check_ties(self) -> None:
-        """The compiled form of :meth:`ShapeRules.check`'s ties: dims that must be equal, or a constant."""
+        """The compiled form of :meth:`ShapeRules.check`'s ties (dims that must be equal, or a constant) and
+        of its bounds of constants alone (a dim at least a constant)."""
         e = self.e
         conditions = []
         for tie in self.ties:
             size = self.sizes[tie.a.arg][tie.a.dim]
             other = e.const(tie.size) if tie.b is None else self.sizes[tie.b.arg][tie.b.dim]
             conditions.append(e.icmp("eq", size, other))
+        for bound in self.minimum_sizes:
+            conditions.append(e.icmp("sgt", self.sizes[bound.target.arg][bound.target.dim], e.const(bound.constant)))
         if conditions:
             e.check(e.all_of(conditions))
 
@@ -570,12 +575,13 @@ def fast_path(spec: KernelSpec, results: Sequence[ArgSpec]) -> FastPath | None:
 
     Its arguments' contracts come from the inputs tuple (the first
     ``n_inputs``) and the outputs tuple. The shape ties and the overlap pairs
-    are checked in compiled code; a kernel with bounds (affine accesses, as in
-    convolutions) is left to the checked path, which checks them.
+    are checked in compiled code, and so are bounds of constants alone; a kernel
+    with bounds on other dims (affine accesses, as in convolutions) is left to the
+    checked path, which checks them.
     """
     scalars = [r for r in results if isinstance(r, ScalarSpec)]
-    if not all(_handles(c) for c in spec.contracts) or len(scalars) != len(results) or spec.shapes.bounds \
-            or spec.shapes.affine_bounds:
+    if not all(_handles(c) for c in spec.contracts) or len(scalars) != len(results) \
+            or any(b.terms for b in spec.shapes.bounds) or spec.shapes.affine_bounds:
         return None
     # The entry passes declined calls on with PyObject_Vectorcall, a real export from Python 3.11 on.
     has_entry = not results and spec.n_outputs <= 1 and has_c_function("PyObject_Vectorcall")

@@ -34,6 +34,9 @@ from mlir import ir, passmanager
 from ..errors import ShapeError, SignatureError
 from .signature import ArgSpec, MemRefSpec
 
+_DYNAMIC = -(1 << 63)
+"""How a slice's static offsets, sizes and strides mark a dynamic one (``ShapedType::kDynamic``)."""
+
 SHAPE_PRESERVING = frozenset({"memref.cast", "tensor.cast", "bufferization.to_tensor", "bufferization.to_buffer"})
 _CONDITIONAL = frozenset({"scf.if", "scf.index_switch"})
 
@@ -204,7 +207,8 @@ class ShapeRules:
             given = ", ".join(f"{names[d.arg]} dim {d.dim} = {n}" for (_, d), n in zip(bound.terms, lengths))
             raise ShapeError(
                 f"{kernel}(): {names[bound.target.arg]} has {have} elements on dim {bound.target.dim} but "
-                f"{bound.reason} reads up to index {needed - 1} there ({given}); pass at least {needed}."
+                f"{bound.reason} {'reads' if bound.terms else 'reaches'} up to index {needed - 1} there"
+                f"{f' ({given})' if given else ''}; pass at least {needed}."
             )
 
 
@@ -216,8 +220,8 @@ def argument_of(value: ir.Value, entry: ir.Block) -> int | None:
     while True:
         if isinstance(value, ir.BlockArgument):
             return value.arg_number if value.owner == entry else None
-        owner = value.owner
-        if not isinstance(owner, ir.Operation) or owner.name not in SHAPE_PRESERVING:
+        owner = _defining_op(value)
+        if owner is None or owner.name not in SHAPE_PRESERVING:
             return None
         value = owner.operands[0]
 
@@ -230,6 +234,22 @@ def unconditional(op: ir.Operation, function: ir.Operation) -> bool:
             return False
         parent = parent.parent
     return parent is not None
+
+
+def _defining_op(value: ir.Value) -> ir.Operation | None:
+    """The op whose result ``value`` is; None for a block argument."""
+    owner = value.owner
+    return None if isinstance(owner, ir.Block) else owner.operation
+
+
+def _constant(value: ir.Value) -> int | None:
+    """The value of an ``arith.constant`` integer or index, else None."""
+    owner = _defining_op(value)
+    if owner is not None and owner.name == "arith.constant":
+        attribute = owner.attributes["value"]
+        if isinstance(attribute, ir.IntegerAttr):
+            return int(attribute.value)
+    return None
 
 
 def _linear(expr: Expr | None) -> tuple[dict[int, int], int] | None:
@@ -339,6 +359,29 @@ class _Collector:
                 self.affine_bounds.append(AffineBound(target, serialized, tuple((j, loop_dims[j]) for j in used),
                                                       reason))
 
+    def slice(self, op: ir.Operation, source: ir.Value, reason: str) -> None:
+        """A ``memref.subview``/``tensor.extract_slice``/``tensor.insert_slice`` of ``source``: each dim whose
+        offset, size and stride are constants must reach the slice's last index."""
+        arg = self._arguments([source])[0]
+        if arg is None:
+            return
+        parts = [ir.DenseI64ArrayAttr(op.attributes[f"static_{kind}"]) for kind in ("offsets", "sizes", "strides")]
+        for k, (offset, size, stride) in enumerate(zip(*parts)):
+            if _DYNAMIC not in (offset, size, stride) and size > 0:
+                self.bounds.append(Bound(Dim(arg, k), (), offset + (size - 1) * stride, reason))
+
+    def element(self, memory: ir.Value, indices: Sequence[ir.Value], reason: str, shape: Sequence[int] = ()) -> None:
+        """A load or store of ``memory`` at ``indices`` (of a vector of ``shape`` over its last dims): each
+        constant index must lie inside its dim."""
+        arg = self._arguments([memory])[0]
+        if arg is None:
+            return
+        extents = [1] * (len(indices) - len(shape)) + list(shape)
+        for k, (index, extent) in enumerate(zip(indices, extents)):
+            value = _constant(index)
+            if value is not None and extent > 0:
+                self.bounds.append(Bound(Dim(arg, k), (), value + extent - 1, reason))
+
     def all_dims(self, op: ir.Operation, reason: str) -> None:
         args = [a for a in self._arguments(list(op.operands)) if a is not None]
         for other in args[1:]:
@@ -373,14 +416,37 @@ def ir_rules(module: ir.Module, function: str, specs: Sequence[ArgSpec]
     def visit(op: ir.Operation) -> ir.WalkResult:
         if op == func or not unconditional(op, func):
             return ir.WalkResult.ADVANCE
+        reason = f"@{function}'s {op.name}"
         if op.name.startswith("linalg.") and "indexing_maps" in op.attributes:
             collector.structured(op, f"@{function}'s {original.get(str(op.location), op.name)}")
         elif op.name in ("memref.copy",) or _is_elementwise_on_tensors(op):
-            collector.all_dims(op, f"@{function}'s {op.name}")
+            collector.all_dims(op, reason)
+        elif op.parent == func:  # runs exactly once: not in a loop that may run no times
+            _accesses(collector, op, reason)
         return ir.WalkResult.ADVANCE
 
     func.walk(visit)
     return collector.ties, collector.bounds, collector.affine_bounds
+
+
+_ELEMENT_ACCESSES = {"memref.load": 0, "tensor.extract": 0, "memref.store": 1, "tensor.insert": 1,
+                     "vector.load": 0, "vector.store": 1}
+"""Ops that read or write at indices, by the position of the memory operand (the indices follow it)."""
+
+
+def _accesses(collector: _Collector, op: ir.Operation, reason: str) -> None:
+    """What a slice, load or store at constant positions asks of its operand's dims."""
+    if op.name in ("memref.subview", "tensor.extract_slice"):
+        collector.slice(op, op.operands[0], reason)
+    elif op.name == "tensor.insert_slice":
+        collector.slice(op, op.operands[1], reason)
+    elif op.name in _ELEMENT_ACCESSES:
+        position = _ELEMENT_ACCESSES[op.name]
+        memory = op.operands[position]
+        indices = list(op.operands)[position + 1:]
+        vector_type = op.results[0].type if op.name == "vector.load" else op.operands[0].type
+        shape = list(vector_type.shape) if op.name.startswith("vector.") else []
+        collector.element(memory, indices, reason, shape)
 
 
 def structured_names(module: ir.Module) -> dict[str, str]:

@@ -223,6 +223,21 @@ def test_a_cast_of_an_argument_is_still_that_argument():
         add(ones(2), ones(3))
 
 
+# b is static; cast to `?` before the add, it still ties a and out to its 5 elements.
+STATIC_CAST_THEN_ADD = """func.func @add(%a: memref<?xf32>, %b: memref<5xf32>, %out: memref<?xf32>) {
+  %c = memref.cast %b : memref<5xf32> to memref<?xf32>
+  linalg.add ins(%a, %c : memref<?xf32>, memref<?xf32>) outs(%out : memref<?xf32>)
+  return
+}"""
+
+
+def test_a_cast_from_a_static_shape_carries_the_static_size():
+    add = mlir_kernel(STATIC_CAST_THEN_ADD)(lambda a, b: None)
+    np.testing.assert_array_equal(add(ones(5), ones(5)), 2 * ones(5))
+    with pytest.raises(ShapeError, match=re.escape("add(): a has 4 elements on dim 0 but b has 5 on dim 0")):
+        add(ones(4), ones(5))
+
+
 def test_an_op_under_scf_if_ties_nothing():
     maybe = mlir_kernel(CONDITIONAL_COPY)(lambda a, b, go: None)
     b = np.zeros(2, F32)
@@ -311,3 +326,102 @@ def test_a_return_pattern_without_outputs_is_refused_at_decoration():
 
     with pytest.raises(SignatureError, match=re.escape("must name the dims of the 0 output(s)")):
         mlir_kernel(SCALE)(scale)
+
+
+# -- slices and elements at constant positions -----------------------------------------
+
+# out = x[2:6] + 1, through a subview at a constant offset of a `?` input.
+WINDOW = """func.func @window(%x: memref<?xf32>, %out: memref<4xf32>) {
+  %w = memref.subview %x[2] [4] [1] : memref<?xf32> to memref<4xf32, strided<[1], offset: 2>>
+  %one = arith.constant 1.0 : f32
+  linalg.generic {indexing_maps = [affine_map<(i) -> (i)>, affine_map<(i) -> (i)>],
+                  iterator_types = ["parallel"]}
+      ins(%w : memref<4xf32, strided<[1], offset: 2>>) outs(%out : memref<4xf32>) {
+  ^bb0(%v: f32, %o: f32):
+    %s = arith.addf %v, %one : f32
+    linalg.yield %s : f32
+  }
+  return
+}"""
+
+# Every third element of rows 1 to 2 of x, on tensors: x[1:3, 0:7:3].
+SLICE = """func.func @slice(%x: tensor<?x?xf32>) -> tensor<2x3xf32> {
+  %s = tensor.extract_slice %x[1, 0] [2, 3] [1, 3] : tensor<?x?xf32> to tensor<2x3xf32>
+  return %s : tensor<2x3xf32>
+}"""
+
+# y[4] = x[3] (scalar) and a vector of 8 from x[1].
+ELEMENTS = """func.func @elements(%x: memref<?xf32>, %y: memref<?xf32>, %v: memref<8xf32>) {
+  %c1 = arith.constant 1 : index
+  %c3 = arith.constant 3 : index
+  %c4 = arith.constant 4 : index
+  %c0 = arith.constant 0 : index
+  %e = memref.load %x[%c3] : memref<?xf32>
+  memref.store %e, %y[%c4] : memref<?xf32>
+  %vec = vector.load %x[%c1] : memref<?xf32>, vector<8xf32>
+  vector.store %vec, %v[%c0] : memref<8xf32>, vector<8xf32>
+  return
+}"""
+
+# y[i] = x[5] for each i of y: the load is in a loop, which runs no times for an empty y.
+IN_A_LOOP = """func.func @fill(%x: memref<?xf32>, %y: memref<?xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c5 = arith.constant 5 : index
+  %n = memref.dim %y, %c0 : memref<?xf32>
+  scf.for %i = %c0 to %n step %c1 {
+    %e = memref.load %x[%c5] : memref<?xf32>
+    memref.store %e, %y[%i] : memref<?xf32>
+  }
+  return
+}"""
+
+
+def test_a_subview_at_a_constant_offset_needs_its_input_long_enough():
+    window = mlir_kernel(WINDOW)(lambda x: None)
+    x = np.arange(10, dtype=F32)
+    np.testing.assert_array_equal(window(x), x[2:6] + 1)
+    assert window.invoker.last_path == "fast"  # a minimum size is checked in compiled code too
+    np.testing.assert_array_equal(window(x[:6]), x[2:6] + 1)
+    with pytest.raises(ShapeError, match=re.escape(
+            "window(): x has 5 elements on dim 0 but @window's memref.subview reaches up to index 5 there; "
+            "pass at least 6.")):
+        window(x[:5])
+
+
+def test_a_strided_slice_at_constant_positions_needs_every_dim_long_enough():
+    cut = mlir_kernel(SLICE)(lambda x: None)
+    x = np.arange(4 * 9, dtype=F32).reshape(4, 9)
+    np.testing.assert_array_equal(cut(x), x[1:3, 0:7:3])
+    np.testing.assert_array_equal(cut(x[:3, :7]), x[1:3, 0:7:3])
+    with pytest.raises(ShapeError, match=re.escape(
+            "slice(): x has 6 elements on dim 1 but @slice's tensor.extract_slice reaches up to index 6 there; "
+            "pass at least 7.")):
+        cut(x[:, :6])
+    with pytest.raises(ShapeError, match=r"x has 2 elements on dim 0 .* reaches up to index 2 there"):
+        cut(x[:2])
+
+
+def test_loads_and_stores_at_constant_indices_need_their_arrays_long_enough():
+    elements = mlir_kernel(ELEMENTS)(lambda x, y: None)
+    x = np.arange(10, dtype=F32)
+    y = np.zeros(5, F32)
+    vector = elements(x[:9], y)
+    assert y[4] == x[3]
+    np.testing.assert_array_equal(vector, x[1:9])
+    with pytest.raises(ShapeError, match=re.escape(
+            "elements(): y has 4 elements on dim 0 but @elements's memref.store reaches up to index 4 there; "
+            "pass at least 5.")):
+        elements(x, np.zeros(4, F32))
+    with pytest.raises(ShapeError, match=re.escape(
+            "elements(): x has 8 elements on dim 0 but @elements's vector.load reaches up to index 8 there; "
+            "pass at least 9.")):
+        elements(x[:8], y)
+
+
+def test_a_load_in_a_loop_that_may_not_run_asks_nothing():
+    fill = mlir_kernel(IN_A_LOOP)(lambda x, y: None)
+    fill(np.zeros(0, F32), np.zeros(0, F32))  # the loop runs no times: nothing is read
+    y = np.zeros(3, F32)
+    fill(np.arange(6, dtype=F32), y)
+    np.testing.assert_array_equal(y, [5, 5, 5])
