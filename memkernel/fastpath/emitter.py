@@ -150,8 +150,7 @@ class _Generator:
         self.contracts = spec.contracts
         self.n_inputs = spec.n_inputs
         self.ties = spec.shapes.ties
-        self.minimum_sizes = spec.shapes.bounds
-        """Bounds of constants alone (a slice or an element at constant positions): the only ones it gets."""
+        self.bounds = spec.shapes.bounds
         self.overlaps = spec.overlap_pairs
         self.sizes: dict[int, list[str]] = {}
         self.descriptors: dict[int, tuple[str, list[str], list[str]]] = {}
@@ -310,15 +309,24 @@ class _Generator:
 
     def _check_ties(self) -> None:
         """The compiled form of :meth:`ShapeRules.check`'s ties (dims that must be equal, or a constant) and
-        of its bounds of constants alone (a dim at least a constant)."""
+        bounds (a dim that must reach a linear sum of others, unless one of those is empty)."""
         e = self.e
         conditions = []
         for tie in self.ties:
             size = self.sizes[tie.a.arg][tie.a.dim]
             other = e.const(tie.size) if tie.b is None else self.sizes[tie.b.arg][tie.b.dim]
             conditions.append(e.icmp("eq", size, other))
-        for bound in self.minimum_sizes:
-            conditions.append(e.icmp("sgt", self.sizes[bound.target.arg][bound.target.dim], e.const(bound.constant)))
+        for bound in self.bounds:
+            reach = e.const(bound.constant)
+            empty = None
+            for coefficient, dim in bound.terms:
+                size = self.sizes[dim.arg][dim.dim]
+                last = e.value(f"llvm.sub {size}, {e.const(1)} : i64")
+                reach = e.value(f"llvm.add {reach}, {e.value(f'llvm.mul {last}, {e.const(coefficient)} : i64')} : i64")
+                none = e.icmp("eq", size, e.const(0))
+                empty = none if empty is None else e.value(f"llvm.or {empty}, {none} : i1")
+            fits = e.icmp("sgt", self.sizes[bound.target.arg][bound.target.dim], reach)
+            conditions.append(fits if empty is None else e.value(f"llvm.or {fits}, {empty} : i1"))
         if conditions:
             e.check(e.all_of(conditions))
 
@@ -575,13 +583,12 @@ def fast_path(spec: KernelSpec, results: Sequence[ArgSpec]) -> FastPath | None:
 
     Its arguments' contracts come from the inputs tuple (the first
     ``n_inputs``) and the outputs tuple. The shape ties and the overlap pairs
-    are checked in compiled code, and so are bounds of constants alone; a kernel
-    with bounds on other dims (affine accesses, as in convolutions) is left to the
-    checked path, which checks them.
+    are checked in compiled code, and so are the linear bounds (a dim at least a
+    sum of others, as a convolution's window asks); a kernel with other affine
+    bounds is left to the checked path, which checks them.
     """
     scalars = [r for r in results if isinstance(r, ScalarSpec)]
-    if not all(_handles(c) for c in spec.contracts) or len(scalars) != len(results) \
-            or any(b.terms for b in spec.shapes.bounds) or spec.shapes.affine_bounds:
+    if not all(_handles(c) for c in spec.contracts) or len(scalars) != len(results) or spec.shapes.affine_bounds:
         return None
     # The entry passes declined calls on with PyObject_Vectorcall, a real export from Python 3.11 on.
     has_entry = not results and spec.n_outputs <= 1 and has_c_function("PyObject_Vectorcall")

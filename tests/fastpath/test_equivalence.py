@@ -323,3 +323,43 @@ def test_overlapping_views_of_one_buffer_compute_as_numpy_does(add1d, n, offsets
         got_base, a, b, out = views()
         kernel(a, b, out=out)
         np.testing.assert_array_equal(got_base, base)
+
+
+# Both kinds of bound: x must reach y's and w's sizes (the window) and index 2 (the load).
+WINDOWS = """
+func.func @windows(%x: memref<?xf32>, %w: memref<?xf32>, %y: memref<?xf32>, %third: memref<f32>) {
+  linalg.conv_1d ins(%x, %w : memref<?xf32>, memref<?xf32>) outs(%y : memref<?xf32>)
+  %c2 = arith.constant 2 : index
+  %e = memref.load %x[%c2] : memref<?xf32>
+  memref.store %e, %third[] : memref<f32>
+  return
+}"""
+
+
+@pytest.fixture(scope="module")
+def windows():
+    return pair(WINDOWS, "windows", lambda x, w: None, entry=False)  # two outputs: no compiled entry
+
+
+@EXAMPLES
+@given(data=st.data())
+def test_bounds_on_sums_of_dims_and_on_constants(windows, data):
+    f32 = ["float32", "float32", "float32", "float64"]
+    x = data.draw(arrays(f32, st.tuples(st.integers(0, 9))), label="x")
+    w = data.draw(arrays(f32, st.tuples(st.integers(0, 4))), label="w")
+    y = data.draw(arrays(f32, st.tuples(st.integers(0, 9))), label="y")
+    outcomes = []
+    for kernel in windows:
+        args = (x.build(), w.build())
+        out = (y.build(), np.zeros((), np.float32))
+        try:
+            kernel(*args, out=out)
+            outcomes.append(("ok", out))
+        except MemkernelError as exc:
+            outcomes.append(("error", type(exc)))
+    (fast_kind, fast_value), (checked_kind, checked_value) = outcomes
+    assert fast_kind == checked_kind, outcomes
+    if fast_kind == "ok":
+        assert all(same_bits(a, b) for a, b in zip(fast_value, checked_value))
+    else:
+        assert fast_value is checked_value
