@@ -90,6 +90,7 @@ TARGETED = {
     ("bandwidth, 1,000,000×f32, out=", "memkernel add(a, b, out=c)"),
     ("bandwidth, 1,000,000×f32, out=", "memkernel add, pipeline=fast"),
     ("sum, 1,000,000×f32", "memkernel tensor reduce, pipeline=fast"),
+    ("sum, 1,000,000×f32", "memkernel memref reduce, pipeline=fast"),
     *((f"matmul, 512×512×512 f32, out=, {arrays}", variant)
       for arrays in ("numpy's 16-byte-aligned arrays", "64-byte-aligned arrays")
       for variant in ("memkernel memref<512x512xf32>, pipeline=fast", "memkernel memref<?x?xf32>, pipeline=fast")),
