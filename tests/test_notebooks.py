@@ -235,9 +235,12 @@ def test_testing_helpers_pass_and_their_failures_read(tagged):
     assert "output 'out' differs from the reference" in failure
 
 
-def test_checked_kernel_stops_at_an_out_of_bounds_load_and_an_assert_is_an_error(tagged):
+def test_a_loop_past_the_end_is_refused_and_a_checked_kernel_stops_at_a_computed_index(tagged):
     shown = stream_text(tagged["checked"])
-    assert shown.startswith("KernelAssertionError: shift_left(): the kernel stopped at a failed assertion:")
+    assert shown.startswith("ShapeError: shift_left(): x has 5 elements on dim 0 but @shift_left's memref.load "
+                            "reaches up to index 5 there (out dim 0 = 5); pass at least 6.\n")
+    assert "\ngather(x, [4, 0]) = [4. 0.]\n" in shown
+    assert "KernelAssertionError: gather(): the kernel stopped at a failed assertion:" in shown
     assert "^ out-of-bounds access" in shown and "%v = memref.load %x[%j] : memref<?xf32>" in shown
     assert "\nsafe_div(7, 2) = 3\n" in shown
     assert "KernelAssertionError: safe_div(): the kernel stopped at a failed assertion:\ndivision by zero" in shown

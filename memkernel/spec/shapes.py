@@ -73,6 +73,8 @@ class Bound:
     terms: tuple[tuple[int, Dim], ...]
     constant: int
     reason: str
+    verb: str = "reads"
+    """What ``reason`` does at the index: a linalg op reads there; a load, store or slice reaches it."""
 
 
 Expr = tuple
@@ -207,7 +209,7 @@ class ShapeRules:
             given = ", ".join(f"{names[d.arg]} dim {d.dim} = {n}" for (_, d), n in zip(bound.terms, lengths))
             raise ShapeError(
                 f"{kernel}(): {names[bound.target.arg]} has {have} elements on dim {bound.target.dim} but "
-                f"{bound.reason} {'reads' if bound.terms else 'reaches'} up to index {needed - 1} there"
+                f"{bound.reason} {bound.verb} up to index {needed - 1} there"
                 f"{f' ({given})' if given else ''}; pass at least {needed}."
             )
 
@@ -359,7 +361,11 @@ class _Collector:
                 self.affine_bounds.append(AffineBound(target, serialized, tuple((j, loop_dims[j]) for j in used),
                                                       reason))
 
-    def slice(self, op: ir.Operation, source: ir.Value, reason: str) -> None:
+    def bound(self, bound: Bound) -> None:
+        if bound not in self.bounds:
+            self.bounds.append(bound)
+
+    def slice(self, op: ir.Operation, source: ir.Value, nest: _LoopNest, reason: str) -> None:
         """A ``memref.subview``/``tensor.extract_slice``/``tensor.insert_slice`` of ``source``: each dim whose
         offset, size and stride are constants must reach the slice's last index."""
         arg = self._arguments([source])[0]
@@ -368,19 +374,30 @@ class _Collector:
         parts = [ir.DenseI64ArrayAttr(op.attributes[f"static_{kind}"]) for kind in ("offsets", "sizes", "strides")]
         for k, (offset, size, stride) in enumerate(zip(*parts)):
             if _DYNAMIC not in (offset, size, stride) and size > 0:
-                self.bounds.append(Bound(Dim(arg, k), (), offset + (size - 1) * stride, reason))
+                self.bound(Bound(Dim(arg, k), nest.guards, offset + (size - 1) * stride, reason, "reaches"))
 
-    def element(self, memory: ir.Value, indices: Sequence[ir.Value], reason: str, shape: Sequence[int] = ()) -> None:
+    def element(self, memory: ir.Value, indices: Sequence[ir.Value], nest: _LoopNest, reason: str,
+                shape: Sequence[int] = ()) -> None:
         """A load or store of ``memory`` at ``indices`` (of a vector of ``shape`` over its last dims): each
-        constant index must lie inside its dim."""
+        index that is a constant, or a loop's induction variable plus one, must lie inside its dim."""
         arg = self._arguments([memory])[0]
         if arg is None:
             return
         extents = [1] * (len(indices) - len(shape)) + list(shape)
         for k, (index, extent) in enumerate(zip(indices, extents)):
-            value = _constant(index)
-            if value is not None and extent > 0:
-                self.bounds.append(Bound(Dim(arg, k), (), value + extent - 1, reason))
+            reach = nest.reach(index)
+            if reach is not None and extent > 0:
+                terms, constant = reach
+                self.bound(Bound(Dim(arg, k), terms, constant + extent - 1, reason, "reaches"))
+
+    def dim(self, value: ir.Value) -> Dim | None:
+        """The argument dim ``value`` is the size of (a ``memref.dim``/``tensor.dim`` at a constant index)."""
+        owner = _defining_op(value)
+        if owner is None or owner.name not in ("memref.dim", "tensor.dim"):
+            return None
+        arg = self._arguments([owner.operands[0]])[0]
+        k = _constant(owner.operands[1])
+        return None if arg is None or k is None else Dim(arg, k)
 
     def all_dims(self, op: ir.Operation, reason: str) -> None:
         args = [a for a in self._arguments(list(op.operands)) if a is not None]
@@ -421,12 +438,66 @@ def ir_rules(module: ir.Module, function: str, specs: Sequence[ArgSpec]
             collector.structured(op, f"@{function}'s {original.get(str(op.location), op.name)}")
         elif op.name in ("memref.copy",) or _is_elementwise_on_tensors(op):
             collector.all_dims(op, reason)
-        elif op.parent == func:  # runs exactly once: not in a loop that may run no times
-            _accesses(collector, op, reason)
+        else:
+            _accesses(collector, op, func, reason)
         return ir.WalkResult.ADVANCE
 
     func.walk(visit)
     return collector.ties, collector.bounds, collector.affine_bounds
+
+
+class _LoopNest:
+    """The ``scf.for`` loops around an op, each from 0 by 1 to a constant or to a dim of an argument.
+
+    ``guards`` are the loops' dims as bound terms of coefficient 0: a bound holds only when
+    every loop around the access runs at least once.
+    """
+
+    def __init__(self, loops: dict[ir.Value, tuple[int, Dim | None]]) -> None:
+        self._loops = loops
+        self.guards = tuple((0, dim) for dim in dict.fromkeys(d for _, d in loops.values() if d is not None))
+
+    @staticmethod
+    def around(op: ir.Operation, function: ir.Operation, collector: _Collector) -> _LoopNest | None:
+        """The loops around ``op`` up to ``function``'s body; None if anything else encloses it, or a loop
+        runs from elsewhere than 0, by another step than 1, to an end that is not a constant or a dim, or not
+        at all."""
+        loops: list[tuple[ir.Value, tuple[int, Dim | None]]] = []  # innermost first
+        parent = op.parent
+        while parent != function:
+            if parent.name != "scf.for":
+                return None
+            lower, upper, step = (parent.operands[i] for i in range(3))
+            if _constant(lower) != 0 or _constant(step) != 1:
+                return None
+            end = _constant(upper)
+            dim = collector.dim(upper) if end is None else None
+            if end is not None and end <= 0 or end is None and dim is None:
+                return None
+            loops.append((parent.regions[0].blocks[0].arguments[0], (end or 0, dim)))
+            parent = parent.parent
+        return _LoopNest(dict(reversed(loops)))
+
+    def reach(self, index: ir.Value) -> tuple[tuple[tuple[int, Dim], ...], int] | None:
+        """The largest value ``index`` takes, as bound terms and a constant: for a constant, a loop's
+        induction variable, or one plus a non-negative constant; None for anything else."""
+        offset = 0
+        owner = _defining_op(index)
+        if owner is not None and owner.name == "arith.addi":
+            for variable, other in (owner.operands[0], owner.operands[1]), (owner.operands[1], owner.operands[0]):
+                added = _constant(other)
+                if added is not None and added >= 0 and variable in self._loops:
+                    index, offset = variable, added
+                    break
+        constant = _constant(index)
+        if constant is not None:
+            return self.guards, constant
+        if index not in self._loops:
+            return None
+        end, dim = self._loops[index]
+        if dim is None:
+            return self.guards, end - 1 + offset
+        return tuple((1 if d == dim else 0, d) for _, d in self.guards), offset
 
 
 _ELEMENT_ACCESSES = {"memref.load": 0, "tensor.extract": 0, "memref.store": 1, "tensor.insert": 1,
@@ -434,19 +505,26 @@ _ELEMENT_ACCESSES = {"memref.load": 0, "tensor.extract": 0, "memref.store": 1, "
 """Ops that read or write at indices, by the position of the memory operand (the indices follow it)."""
 
 
-def _accesses(collector: _Collector, op: ir.Operation, reason: str) -> None:
-    """What a slice, load or store at constant positions asks of its operand's dims."""
+def _accesses(collector: _Collector, op: ir.Operation, function: ir.Operation, reason: str) -> None:
+    """What a slice at constant positions, or a load or store at constant positions or loop indices, asks of
+    its operand's dims."""
+    if op.name not in _ELEMENT_ACCESSES and op.name not in ("memref.subview", "tensor.extract_slice",
+                                                             "tensor.insert_slice"):
+        return
+    nest = _LoopNest.around(op, function, collector)
+    if nest is None:
+        return
     if op.name in ("memref.subview", "tensor.extract_slice"):
-        collector.slice(op, op.operands[0], reason)
+        collector.slice(op, op.operands[0], nest, reason)
     elif op.name == "tensor.insert_slice":
-        collector.slice(op, op.operands[1], reason)
-    elif op.name in _ELEMENT_ACCESSES:
+        collector.slice(op, op.operands[1], nest, reason)
+    else:
         position = _ELEMENT_ACCESSES[op.name]
         memory = op.operands[position]
         indices = list(op.operands)[position + 1:]
         vector_type = op.results[0].type if op.name == "vector.load" else op.operands[0].type
         shape = list(vector_type.shape) if op.name.startswith("vector.") else []
-        collector.element(memory, indices, reason, shape)
+        collector.element(memory, indices, nest, reason, shape)
 
 
 def structured_names(module: ir.Module) -> dict[str, str]:

@@ -419,9 +419,86 @@ def test_loads_and_stores_at_constant_indices_need_their_arrays_long_enough():
         elements(x[:8], y)
 
 
-def test_a_load_in_a_loop_that_may_not_run_asks_nothing():
+def test_a_load_in_a_loop_asks_only_when_the_loop_runs():
     fill = mlir_kernel(IN_A_LOOP)(lambda x, y: None)
     fill(np.zeros(0, F32), np.zeros(0, F32))  # the loop runs no times: nothing is read
     y = np.zeros(3, F32)
     fill(np.arange(6, dtype=F32), y)
     np.testing.assert_array_equal(y, [5, 5, 5])
+    with pytest.raises(ShapeError, match=re.escape(
+            "fill(): x has 5 elements on dim 0 but @fill's memref.load reaches up to index 5 there (y dim 0 = 3); "
+            "pass at least 6.")):
+        fill(np.arange(5, dtype=F32), y)
+
+
+# c += a @ b in three scf loops over the arrays' own dims: i over a's rows, j over b's columns, k over a's
+# columns, which b's rows and c's dims must then reach.
+LOOP_MATMUL = """func.func @mm(%a: memref<?x?xf32>, %b: memref<?x?xf32>, %c: memref<?x?xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %m = memref.dim %a, %c0 : memref<?x?xf32>
+  %k = memref.dim %a, %c1 : memref<?x?xf32>
+  %n = memref.dim %b, %c1 : memref<?x?xf32>
+  scf.for %i = %c0 to %m step %c1 {
+    scf.for %j = %c0 to %n step %c1 {
+      scf.for %l = %c0 to %k step %c1 {
+        %x = memref.load %a[%i, %l] : memref<?x?xf32>
+        %y = memref.load %b[%l, %j] : memref<?x?xf32>
+        %z = memref.load %c[%i, %j] : memref<?x?xf32>
+        %p = arith.mulf %x, %y : f32
+        %s = arith.addf %z, %p : f32
+        memref.store %s, %c[%i, %j] : memref<?x?xf32>
+      }
+    }
+  }
+  return
+}"""
+
+# y[i] = x[i] + x[i + 1] for each i of y: x must reach one past y's end.
+PAIRS = """func.func @pairs(%x: memref<?xf32>, %y: memref<?xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %n = memref.dim %y, %c0 : memref<?xf32>
+  scf.for %i = %c0 to %n step %c1 {
+    %next = arith.addi %i, %c1 : index
+    %u = memref.load %x[%i] : memref<?xf32>
+    %v = memref.load %x[%next] : memref<?xf32>
+    %s = arith.addf %u, %v : f32
+    memref.store %s, %y[%i] : memref<?xf32>
+  }
+  return
+}"""
+
+
+def test_scf_loops_over_one_arrays_dims_need_the_arrays_they_index_to_reach_them():
+    mm = mlir_kernel(LOOP_MATMUL)(lambda a, b: (a.shape[0], b.shape[1]))
+    rng = np.random.default_rng(0)
+    a, b = rng.integers(-3, 4, (4, 3)).astype(F32), rng.integers(-3, 4, (3, 5)).astype(F32)
+    np.testing.assert_array_equal(mm(a, b), a @ b)
+    assert mm.invoker.last_path == "fast"
+    with pytest.raises(ShapeError, match=re.escape(
+            "mm(): b has 2 elements on dim 0 but @mm's memref.load reaches up to index 2 there (a dim 0 = 4, "
+            "b dim 1 = 5, a dim 1 = 3); pass at least 3.")):
+        mm(a, b[:2])
+    with pytest.raises(ShapeError, match=r"out has 3 elements on dim 0 but @mm's memref.load reaches up to index 3"):
+        mm(a, b, out=np.zeros((3, 5), F32))
+    with pytest.raises(ShapeError, match=r"out has 4 elements on dim 1 but @mm's memref.load reaches up to index 4"):
+        mm(a, b, out=np.zeros((4, 4), F32))
+    # A bigger out= is fine (the loops write its top-left corner), and so is anything when a loop runs no times.
+    big = np.zeros((5, 6), F32)
+    mm(a, b, out=big)
+    np.testing.assert_array_equal(big[:4, :5], a @ b)
+    assert not big[4:].any() and not big[:, 5:].any()
+    np.testing.assert_array_equal(mm(np.zeros((0, 3), F32), b[:1]), np.zeros((0, 5), F32))
+
+
+def test_an_index_one_past_the_loop_variable_needs_one_more_element():
+    pairs = mlir_kernel(PAIRS)(lambda x, y: None)
+    x, y = np.arange(6, dtype=F32), np.zeros(5, F32)
+    pairs(x, y)
+    np.testing.assert_array_equal(y, x[:-1] + x[1:])
+    with pytest.raises(ShapeError, match=re.escape(
+            "pairs(): x has 5 elements on dim 0 but @pairs's memref.load reaches up to index 5 there (y dim 0 = 5); "
+            "pass at least 6.")):
+        pairs(x[:5], y)
+    pairs(x[:0], y[:0])
