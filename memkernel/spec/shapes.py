@@ -17,8 +17,12 @@ dims.
 
 The result is a :class:`ShapeRules`: ties (pairs of dims that must be equal,
 or a dim and a constant), bounds (a dim at least as large as an affine sum of
-others), and for each output dim where its size can be taken from. Both call
-paths check the ties before every call; the checked path checks the bounds.
+others, or a constant), and for each output dim where its size can be taken from.
+Both call paths check the ties and the bounds before every call; the checked path
+alone checks affine bounds (maps with negative coefficients, floordiv or mod).
+
+Loads, stores and slices add bounds too, where their positions are constants or
+the variables of ``scf.for`` loops over argument dims (see :class:`_LoopNest`).
 """
 
 from __future__ import annotations
