@@ -9,7 +9,9 @@ to the ops they know, sized for the host's vector width:
   blocked for the caches, with each panel of B packed into an aligned contiguous
   buffer, then tiled for registers and peeled so every tile is static,
   vectorized to broadcast-and-FMA outer products with the C tile held in
-  registers (see ``transforms/matmul.mlir``);
+  registers; with ``parallel=True`` the blocks of rows are tasks on the async
+  runtime's workers. A static M of fewer rows than a register tile reads B in
+  place instead, vectorized over N (see ``transforms/matmul.mlir``);
 - ``linalg.conv_2d_nhwc_hwcf``, ``linalg.conv_1d_nwc_wcf`` and
   ``linalg.depthwise_conv_2d_nhwc_hwc`` on f32/f64 memrefs: tiled so that each tile is a
   small matmul (an elementwise multiply-add for the depthwise one) of output columns by
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
@@ -70,22 +73,31 @@ def _element(value: ir.Value) -> str:
 
 # The matmul strategy's blocks: C rows per block (its A rows, 128 × K, stay in L2 while the
 # block's panels go by) and rows per register tile; a tile is that many rows by two host
-# vectors, 16 of AVX-512's 32 registers.
+# vectors, 16 of AVX-512's 32 registers. A static M below the register rows takes tiles of
+# all M rows by four host vectors instead, reading B in place.
 _MATMUL_BLOCK_ROWS = 128
 _MATMUL_REGISTER_ROWS = 8
+_MATMUL_ROW_VECTORS = 4
 
 
-def _matmul_parameters(module: ir.Module) -> dict[str, str] | None:
+def _matmul_parameters(module: ir.Module, parallel: bool) -> dict[str, str] | None:
     matmuls = _ops(module, "linalg.matmul")
     types = {_element(v) for op in matmuls for v in op.operands}
     if not matmuls or not types <= set(_FLOATS) or len(types) != 1:
         return None
     lanes = host_vector_bits() // (64 if types == {"f64"} else 32)
     # The last, narrower panel is cut into single columns when its width is dynamic (the only
-    # static shape it surely has); with static shapes its width is static and it stays whole.
+    # static shape it surely has); with static shapes its width is static, and a tile as wide
+    # as the widest panel leaves it whole.
     static = all(v.type.has_static_shape for op in matmuls for v in op.operands)
-    return {"block_rows": str(_MATMUL_BLOCK_ROWS), "register_rows": str(_MATMUL_REGISTER_ROWS),
-            "register_columns": str(2 * lanes), "leftover_columns": str(2 * lanes if static else 1)}
+    few_rows = all(not op.operands[0].type.is_dynamic_dim(0) and 0 < op.operands[0].type.shape[0] < _MATMUL_REGISTER_ROWS
+                   for op in matmuls)
+    return {"tiling": "tile_rows" if few_rows else "pack_panels",
+            "distribution": "run_blocks_on_workers" if parallel else "run_blocks_in_order",
+            "workers": str(os.cpu_count() or 1),
+            "block_rows": str(_MATMUL_BLOCK_ROWS), "register_rows": str(_MATMUL_REGISTER_ROWS),
+            "register_columns": str(2 * lanes), "leftover_columns": str(_MATMUL_ROW_VECTORS * lanes if static else 1),
+            "row_columns": str(_MATMUL_ROW_VECTORS * lanes)}
 
 
 _WINDOW = ("kh", "kw", "c")
@@ -145,10 +157,10 @@ _CONV_FEATURE_VECTORS = 4
 _CONV_CHANNELS = 4
 
 
-def _convolution_parameters(op: str) -> Callable[[ir.Module], dict[str, str] | None]:
-    """The parameters of the convolution strategy for the ``op`` convolutions of a module."""
+def _convolution_parameters(op: str) -> Callable[[ir.Module, bool], dict[str, str] | None]:
+    """The parameters of the convolution strategy for the ``op`` convolutions of a module (serial or not)."""
 
-    def parameters(module: ir.Module) -> dict[str, str] | None:
+    def parameters(module: ir.Module, parallel: bool) -> dict[str, str] | None:
         convolutions = _ops(module, op)
         types = {_element(v) for conv in convolutions for v in conv.operands}
         if not convolutions or not types <= set(_FLOATS) or len(types) != 1:
@@ -163,7 +175,7 @@ def _convolution_parameters(op: str) -> Callable[[ir.Module], dict[str, str] | N
 _REDUCTION_ONLY = "[#linalg.iterator_type<reduction>]"
 
 
-def _reduction_parameters(module: ir.Module) -> dict[str, str] | None:
+def _reduction_parameters(module: ir.Module, parallel: bool) -> dict[str, str] | None:
     reductions = _ops(module, "linalg.reduce") + [
         op for op in _ops(module, "linalg.generic") if str(op.attributes["iterator_types"]) == _REDUCTION_ONLY
     ]
@@ -185,15 +197,18 @@ class Strategy:
 
     script: str
     on_tensors: bool
-    parameters: Callable[[ir.Module], dict[str, str] | None]
+    parameters: Callable[[ir.Module, bool], dict[str, str] | None]
 
     @functools.cached_property
     def text(self) -> str:
         return resources.files("memkernel.compile").joinpath("transforms", self.script).read_text()
 
-    def applied(self, module: ir.Module) -> ir.Module:
-        """``module`` transformed, as a new module; the original one if the strategy does not apply or fails."""
-        parameters = self.parameters(module)
+    def applied(self, module: ir.Module, parallel: bool = False) -> ir.Module:
+        """``module`` transformed, as a new module; the original one if the strategy does not apply or fails.
+
+        ``parallel``: the kernel runs its parallel loops on the async runtime's workers.
+        """
+        parameters = self.parameters(module, parallel)
         if parameters is None:
             return module
         text = self.text
@@ -220,7 +235,7 @@ PRESETS: dict[str, tuple[Strategy, ...]] = {
 
 
 # The strategies' tile sizes not written in their scripts: part of what a preset does.
-_TUNING = (_MATMUL_BLOCK_ROWS, _MATMUL_REGISTER_ROWS, _CONV_COLUMNS, _CONV_FEATURE_VECTORS, _CONV_CHANNELS)
+_TUNING = (_MATMUL_BLOCK_ROWS, _MATMUL_REGISTER_ROWS, _MATMUL_ROW_VECTORS, _CONV_COLUMNS, _CONV_FEATURE_VECTORS, _CONV_CHANNELS)
 
 
 def fingerprint(preset: str) -> str:

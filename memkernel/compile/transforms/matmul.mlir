@@ -14,13 +14,69 @@
 // every tile is vectorized, none is left to the default lowering. That matters beyond
 // speed: hoisting C out of the K loop requires that nothing else in the loop nest view C
 // through a subview, which an unvectorized remainder tile would.
+//
+// {tiling} names the sequence that cuts the matmul into register tiles: @pack_panels, the
+// scheme above, or @tile_rows for a static M of fewer rows than a register tile. The
+// blocks of rows form an scf.forall; {distribution} says whether they run in order or as
+// tasks on the async runtime's workers.
 module attributes {transform.with_named_sequence} {
-  transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {
+  transform.named_sequence @__transform_main(%root: !transform.any_op {transform.consumed}) {
     %func = transform.structured.match ops{["func.func"]} in %root : (!transform.any_op) -> !transform.any_op
-    %matmul = transform.structured.match ops{["linalg.matmul"]} in %root
+    transform.include @{tiling} failures(propagate) (%func) : (!transform.any_op) -> ()
+    // Then one step of K at a time, innermost: the C tile is the same for the whole loop.
+    %register_tiles = transform.structured.match ops{["linalg.matmul"]} in %func
         : (!transform.any_op) -> !transform.any_op
-    %panel, %blocks, %columns = transform.structured.tile_using_for %matmul tile_sizes [{block_rows}, {register_columns}, 0]
-        : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op)
+    transform.foreach %register_tiles : !transform.any_op {
+    ^bb0(%register_tile: !transform.any_op):
+      %step, %depth = transform.structured.tile_using_for %register_tile tile_sizes [0, 0, 1]
+          : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    }
+    transform.apply_patterns to %func {
+      transform.apply_patterns.canonicalization
+    } : !transform.any_op
+    // Fills (of a tensor kernel's output, say) become plain loops, left to LLVM: vectorized
+    // here, a fill is one transfer the size of its memref, unrolled into thousands of stores.
+    %fills = transform.structured.match ops{["linalg.fill"]} in %func : (!transform.any_op) -> !transform.any_op
+    %fill_loops = transform.structured.convert_to_loops %fills : (!transform.any_op) -> !transform.any_op
+    %vectorized = transform.structured.vectorize_children_and_apply_patterns %func
+        : (!transform.any_op) -> !transform.any_op
+    transform.apply_patterns to %vectorized {
+      transform.apply_patterns.vector.reduction_to_contract
+      transform.apply_patterns.vector.transfer_permutation_patterns
+      transform.apply_patterns.memref.fold_memref_alias_ops
+      transform.apply_patterns.canonicalization
+    } : !transform.any_op
+    // The C tile's read and write now index the argument directly; made loop-invariant and
+    // identical, the pair is hoisted out of the K loop.
+    %all_loops = transform.structured.match ops{["scf.for"]} in %vectorized : (!transform.any_op) -> !transform.any_op
+    transform.apply_licm to %all_loops : !transform.any_op
+    transform.apply_cse to %vectorized : !transform.any_op
+    %hoisted = transform.structured.hoist_redundant_vector_transfers %vectorized
+        : (!transform.any_op) -> !transform.any_op
+    // Transfers are unrolled to 1-d here: left to the default lowering, a 2-d transfer goes
+    // through a stack buffer allocated inside the loops, which grows the stack.
+    transform.apply_patterns to %hoisted {
+      transform.apply_patterns.vector.lower_contraction lowering_strategy = "outerproduct"
+      transform.apply_patterns.vector.lower_outerproduct
+      transform.apply_patterns.vector.transfer_permutation_patterns
+      transform.apply_patterns.vector.transfer_to_scf max_transfer_rank = 1 full_unroll = true
+      transform.apply_patterns.vector.lower_transfer max_transfer_rank = 1
+      transform.apply_patterns.vector.lower_shape_cast
+      transform.apply_patterns.canonicalization
+    } : !transform.any_op
+    transform.include @{distribution} failures(propagate) (%root) : (!transform.any_op) -> ()
+    transform.yield
+  }
+
+  // Large M: blocks of rows, B's panels packed, register tiles (see the top of the file).
+  transform.named_sequence @pack_panels(%func: !transform.any_op {transform.readonly}) {
+    %matmul = transform.structured.match ops{["linalg.matmul"]} in %func : (!transform.any_op) -> !transform.any_op
+    // The blocks of rows, an scf.forall: its iterations are independent, and run on the
+    // workers when the kernel is parallel (see @run_blocks_on_workers).
+    %block, %blocks = transform.structured.tile_using_forall %matmul tile_sizes [{block_rows}, 0, 0]
+        : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    %panel, %columns = transform.structured.tile_using_for %block tile_sizes [0, {register_columns}, 0]
+        : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
     %promoted = transform.structured.promote %panel { operands_to_promote = [1], alignment = 64 }
         : (!transform.any_op) -> !transform.any_op
     // The packing copies, one row of the panel at a time (unrolled whole, a long panel
@@ -74,47 +130,47 @@ module attributes {transform.with_named_sequence} {
         }
       }
     }
-    // Then one step of K at a time, innermost: the C tile is the same for the whole loop.
-    %register_tiles = transform.structured.match ops{["linalg.matmul"]} in %func
-        : (!transform.any_op) -> !transform.any_op
-    transform.foreach %register_tiles : !transform.any_op {
-    ^bb0(%register_tile: !transform.any_op):
-      %step, %depth = transform.structured.tile_using_for %register_tile tile_sizes [0, 0, 1]
-          : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    transform.yield
+  }
+
+  // A static M below a register tile's rows: one tile of all M rows by {row_columns} columns
+  // at a time, reading B in place. Packing a panel would cost as much as the few rows it
+  // serves.
+  transform.named_sequence @tile_rows(%func: !transform.any_op {transform.readonly}) {
+    %matmul = transform.structured.match ops{["linalg.matmul"]} in %func : (!transform.any_op) -> !transform.any_op
+    %tile, %columns = transform.structured.tile_using_for %matmul tile_sizes [0, {row_columns}, 0]
+        : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    transform.sequence %columns : !transform.any_op failures(suppress) {
+    ^bb0(%loop: !transform.any_op):
+      %for = transform.cast %loop : !transform.any_op to !transform.op<"scf.for">
+      %main, %rest = transform.loop.peel %for : (!transform.op<"scf.for">) -> (!transform.any_op, !transform.any_op)
+      transform.foreach %rest : !transform.any_op {
+      ^bb1(%rest_loop: !transform.any_op):
+        %narrow = transform.structured.match ops{["linalg.matmul"]} in %rest_loop : (!transform.any_op) -> !transform.any_op
+        transform.foreach %narrow : !transform.any_op {
+        ^bb2(%op: !transform.any_op):
+          %column, %column_loop = transform.structured.tile_using_for %op tile_sizes [0, {leftover_columns}, 0]
+              : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+        }
+      }
     }
-    transform.apply_patterns to %func {
-      transform.apply_patterns.canonicalization
-    } : !transform.any_op
-    // Fills (of a tensor kernel's output, say) become plain loops, left to LLVM: vectorized
-    // here, a fill is one transfer the size of its memref, unrolled into thousands of stores.
-    %fills = transform.structured.match ops{["linalg.fill"]} in %func : (!transform.any_op) -> !transform.any_op
-    %fill_loops = transform.structured.convert_to_loops %fills : (!transform.any_op) -> !transform.any_op
-    %vectorized = transform.structured.vectorize_children_and_apply_patterns %func
-        : (!transform.any_op) -> !transform.any_op
-    transform.apply_patterns to %vectorized {
-      transform.apply_patterns.vector.reduction_to_contract
-      transform.apply_patterns.vector.transfer_permutation_patterns
-      transform.apply_patterns.memref.fold_memref_alias_ops
-      transform.apply_patterns.canonicalization
-    } : !transform.any_op
-    // The C tile's read and write now index the argument directly; made loop-invariant and
-    // identical, the pair is hoisted out of the K loop.
-    %all_loops = transform.structured.match ops{["scf.for"]} in %vectorized : (!transform.any_op) -> !transform.any_op
-    transform.apply_licm to %all_loops : !transform.any_op
-    transform.apply_cse to %vectorized : !transform.any_op
-    %hoisted = transform.structured.hoist_redundant_vector_transfers %vectorized
-        : (!transform.any_op) -> !transform.any_op
-    // Transfers are unrolled to 1-d here: left to the default lowering, a 2-d transfer goes
-    // through a stack buffer allocated inside the loops, which grows the stack.
-    transform.apply_patterns to %hoisted {
-      transform.apply_patterns.vector.lower_contraction lowering_strategy = "outerproduct"
-      transform.apply_patterns.vector.lower_outerproduct
-      transform.apply_patterns.vector.transfer_permutation_patterns
-      transform.apply_patterns.vector.transfer_to_scf max_transfer_rank = 1 full_unroll = true
-      transform.apply_patterns.vector.lower_transfer max_transfer_rank = 1
-      transform.apply_patterns.vector.lower_shape_cast
-      transform.apply_patterns.canonicalization
-    } : !transform.any_op
+    transform.yield
+  }
+
+  // Serial: the pipeline turns the blocks' scf.forall into an scf.for.
+  transform.named_sequence @run_blocks_in_order(%root: !transform.any_op {transform.consumed}) {
+    transform.yield
+  }
+
+  // Parallel: the blocks are tasks for the async runtime's {workers} workers. Done here, not
+  // by the pipeline's async-parallel-for, whose minimum task of 1024 iterations suits
+  // elementwise loops but would leave a few large blocks to a single task.
+  transform.named_sequence @run_blocks_on_workers(%root: !transform.any_op {transform.consumed}) {
+    %blocks = transform.structured.match ops{["scf.forall"]} in %root : (!transform.any_op) -> !transform.any_op
+    %parallel = transform.loop.forall_to_parallel %blocks : (!transform.any_op) -> !transform.any_op
+    %tasks = transform.apply_registered_pass "async-parallel-for"
+        with options = { "async-dispatch" = false, "num-workers" = {workers} : i64, "min-task-size" = 1 : i64 }
+        to %root : (!transform.any_op) -> !transform.any_op
     transform.yield
   }
 }
