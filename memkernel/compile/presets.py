@@ -71,11 +71,10 @@ def _element(value: ir.Value) -> str:
     return str(value.type.element_type)
 
 
-# The matmul strategy's blocks: C rows per block (its A rows, 128 × K, stay in L2 while the
-# block's panels go by) and rows per register tile; a tile is that many rows by two host
-# vectors, 16 of AVX-512's 32 registers. A static M below the register rows takes tiles of
-# all M rows by four host vectors instead, reading B in place.
-_MATMUL_BLOCK_ROWS = 128
+# The matmul strategy's blocks: C's rows are cut into one block per worker (one when serial;
+# more blocks pack B's panels more often, which measured slower), each into register tiles of
+# 8 rows by two host vectors, 16 of AVX-512's 32 registers. A static M below the register
+# rows takes tiles of all M rows by four host vectors instead, reading B in place.
 _MATMUL_REGISTER_ROWS = 8
 _MATMUL_ROW_VECTORS = 4
 
@@ -86,6 +85,7 @@ def _matmul_parameters(module: ir.Module, parallel: bool) -> dict[str, str] | No
     if not matmuls or not types <= set(_FLOATS) or len(types) != 1:
         return None
     lanes = host_vector_bits() // (64 if types == {"f64"} else 32)
+    workers = os.cpu_count() or 1
     # The last, narrower panel is cut into single columns when its width is dynamic (the only
     # static shape it surely has); with static shapes its width is static, and a tile as wide
     # as the widest panel leaves it whole.
@@ -94,8 +94,8 @@ def _matmul_parameters(module: ir.Module, parallel: bool) -> dict[str, str] | No
                    for op in matmuls)
     return {"tiling": "tile_rows" if few_rows else "pack_panels",
             "distribution": "run_blocks_on_workers" if parallel else "run_blocks_in_order",
-            "workers": str(os.cpu_count() or 1),
-            "block_rows": str(_MATMUL_BLOCK_ROWS), "register_rows": str(_MATMUL_REGISTER_ROWS),
+            "workers": str(workers), "blocks": str(workers if parallel else 1),
+            "register_rows": str(_MATMUL_REGISTER_ROWS),
             "register_columns": str(2 * lanes), "leftover_columns": str(_MATMUL_ROW_VECTORS * lanes if static else 1),
             "row_columns": str(_MATMUL_ROW_VECTORS * lanes)}
 
@@ -235,7 +235,7 @@ PRESETS: dict[str, tuple[Strategy, ...]] = {
 
 
 # The strategies' tile sizes not written in their scripts: part of what a preset does.
-_TUNING = (_MATMUL_BLOCK_ROWS, _MATMUL_REGISTER_ROWS, _MATMUL_ROW_VECTORS, _CONV_COLUMNS, _CONV_FEATURE_VECTORS, _CONV_CHANNELS)
+_TUNING = (_MATMUL_REGISTER_ROWS, _MATMUL_ROW_VECTORS, _CONV_COLUMNS, _CONV_FEATURE_VECTORS, _CONV_CHANNELS)
 
 
 def fingerprint(preset: str) -> str:

@@ -404,7 +404,7 @@ def test_fast_i1_kernel_is_left_to_the_byte_safe_lowering():
 
 def test_a_failing_strategy_leaves_the_module_unchanged():
     parsed = parse_source(elementwise("arith.addf", "memref<?xf32>", "f32", 1))
-    broken = Strategy("matmul.mlir", False, lambda module, parallel: {"block_rows": "oops", "register_rows": "1",
+    broken = Strategy("matmul.mlir", False, lambda module, parallel: {"blocks": "oops", "register_rows": "1",
                                                              "register_columns": "1", "leftover_columns": "1"})
     with parsed.context:
         before = str(parsed.module)
@@ -433,7 +433,7 @@ def test_a_failing_parallel_matmul_strategy_computes_with_the_default_lowering(m
 
 def test_the_fast_fingerprint_changes_with_the_tile_sizes(monkeypatch):
     before = memkernel.compile.presets.fingerprint("fast")
-    monkeypatch.setattr(memkernel.compile.presets, "_TUNING", (1, 2, 3, 4, 5, 6))
+    monkeypatch.setattr(memkernel.compile.presets, "_TUNING", (1, 2, 3, 4, 5))
     assert memkernel.compile.presets.fingerprint("fast") != before
 
 

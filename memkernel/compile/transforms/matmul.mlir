@@ -1,13 +1,15 @@
 // The "fast" preset's strategy for linalg.matmul on memrefs (f32 and f64).
 //
-// The BLAS scheme, in transform ops. C is cut into blocks of {block_rows} rows by panels of
-// {register_columns} columns (two host vectors); for each, the panel of B it needs (all of K
-// by {register_columns} columns) is copied into a buffer of its own, 64-byte aligned and
-// contiguous, so the inner loop reads B at unit stride from one aligned stream whatever the
-// caller's layout and alignment. Each block is then cut into register tiles of
-// {register_rows} rows by the panel's columns, one step of K at a time: vectorized to
-// broadcast-and-FMA outer products, with the C tile hoisted out of the K loop so it stays
-// in registers for the whole of K.
+// The BLAS scheme, in transform ops. C is cut into {blocks} block(s) of rows, one per
+// worker, each by panels of {register_columns} columns (two host vectors); for each, the
+// panel of B it needs (all of K by {register_columns} columns) is copied into a buffer of
+// its own, 64-byte aligned and contiguous, so the inner loop reads B at unit stride from
+// one aligned stream whatever the caller's layout and alignment. The block's panel is then
+// cut into register tiles of {register_rows} rows by the panel's columns, one step of K at
+// a time: vectorized to broadcast-and-FMA outer products, with the C tile hoisted out of
+// the K loop so it stays in registers for the whole of K. Blocks as tall as they can be
+// pack each panel of B the fewest times: measured, that costs more than A's rows leaving
+// the L2 cache (128-row blocks ran 2048^3 f32 at 0.77 of OpenBLAS, whole columns at 0.95).
 //
 // Every loop is peeled so that all tiles have static shapes, and the partial ones are
 // re-tiled to unit size in the ragged dimension (a row of C, a column of the panel):
@@ -17,8 +19,8 @@
 //
 // {tiling} names the sequence that cuts the matmul into register tiles: @pack_panels, the
 // scheme above, or @tile_rows for a static M of fewer rows than a register tile. The
-// blocks of rows form an scf.forall; {distribution} says whether they run in order or as
-// tasks on the async runtime's workers.
+// blocks of rows form an scf.forall; {distribution} says whether it runs in order or its
+// blocks are tasks on the async runtime's workers.
 module attributes {transform.with_named_sequence} {
   transform.named_sequence @__transform_main(%root: !transform.any_op {transform.consumed}) {
     %func = transform.structured.match ops{["func.func"]} in %root : (!transform.any_op) -> !transform.any_op
@@ -68,12 +70,12 @@ module attributes {transform.with_named_sequence} {
     transform.yield
   }
 
-  // Large M: blocks of rows, B's panels packed, register tiles (see the top of the file).
+  // Blocks of rows, B's panels packed, register tiles (see the top of the file).
   transform.named_sequence @pack_panels(%func: !transform.any_op {transform.readonly}) {
     %matmul = transform.structured.match ops{["linalg.matmul"]} in %func : (!transform.any_op) -> !transform.any_op
     // The blocks of rows, an scf.forall: its iterations are independent, and run on the
     // workers when the kernel is parallel (see @run_blocks_on_workers).
-    %block, %blocks = transform.structured.tile_using_forall %matmul tile_sizes [{block_rows}, 0, 0]
+    %block, %blocks = transform.structured.tile_using_forall %matmul num_threads [{blocks}, 0, 0]
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
     %panel, %columns = transform.structured.tile_using_for %block tile_sizes [0, {register_columns}, 0]
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
@@ -157,7 +159,7 @@ module attributes {transform.with_named_sequence} {
     transform.yield
   }
 
-  // Serial: the pipeline turns the blocks' scf.forall into an scf.for.
+  // Serial: one block, whose scf.forall the pipeline turns into an scf.for.
   transform.named_sequence @run_blocks_in_order(%root: !transform.any_op {transform.consumed}) {
     transform.yield
   }
