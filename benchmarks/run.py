@@ -133,7 +133,7 @@ IREE_DATA_TILING = ("--iree-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=al
 CONV_INPUT = (1, 56, 56, 64)  # N, H, W, C: a ResNet stage-2 activation
 CONV_FILTER = (3, 3, 64, 64)  # KH, KW, C, F
 EXP_SIDE = 2000
-PARALLEL_MATMUL_SIZE = 2048  # M = N = K: a block of 1024 rows for each of 2 workers
+PARALLEL_MATMUL_SIZE = 2048  # M = N = K: a block of rows per worker, 1024 on 2 cores
 # (prefix, suffix) of OpenBLAS's C functions: numpy 2's scipy-openblas, 64-bit and plain builds.
 OPENBLAS_NAMES = (("scipy_openblas_", "64_"), ("openblas_", "64_"), ("openblas_", ""))
 HEADER = ("benchmark", "variant", "time", "ratio to numpy", "target")

@@ -6,6 +6,7 @@ import functools
 import os
 import re
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -127,6 +128,19 @@ def test_parallel_fast_matmul_makes_its_blocks_of_rows_async_tasks_and_serial_do
     assert "async.execute" in PARALLEL_MATMULS["f32"].ir("vectorized")
     assert "async." not in FAST_MATMULS["f32"].ir("vectorized")
     assert "scf.parallel" not in PARALLEL_MATMULS["f32"].ir("vectorized")  # all of them made tasks
+
+
+@pytest.mark.skipif(os.cpu_count() < 2, reason="needs two cores to show a second thread")
+def test_parallel_fast_matmul_computes_on_other_threads_than_the_callers():
+    """The process spends CPU time beyond the calling thread's: the blocks other than its own ran elsewhere."""
+    a, b = inputs(1024, 512, 512, np.float32)
+    PARALLEL_MATMULS["f32"](a, b)
+    process, thread = time.process_time(), time.thread_time()
+    for _ in range(3):
+        c = PARALLEL_MATMULS["f32"](a, b)
+    process, thread = time.process_time() - process, time.thread_time() - thread
+    np.testing.assert_array_equal(c, a @ b)
+    assert process - thread > 0.3 * process
 
 
 def test_parallel_and_serial_fast_pipelines_have_different_cache_keys():
