@@ -114,6 +114,7 @@ def test_parallel_fast_dynamic_matmul_matches_numpy_on_any_shape(m, n, k, t):
 def test_parallel_fast_static_matmul_matches_numpy(m, n, k, t):
     source = MATMUL.format(A=f"memref<{m}x{k}x{t}>", B=f"memref<{k}x{n}x{t}>", C=f"memref<{m}x{n}x{t}>")
     kernel = mlir_kernel(source, pipeline="fast", parallel=True)(lambda a, b: None)
+    assert "linalg.matmul" not in kernel.ir("vectorized")
     a, b = inputs(m, n, k, DTYPES[t], seed=m + n + k)
     np.testing.assert_array_equal(kernel(a, b), a @ b)
 
@@ -161,6 +162,31 @@ def test_fast_matmul_of_few_static_rows_reads_b_in_place_and_vectorizes_every_ti
     vectorized = FEW_ROWS_MATMULS[3, t].ir("vectorized")
     assert "linalg.matmul" not in vectorized and "vector.fma" in vectorized
     assert "memref.alloc" not in vectorized  # no packed panel
+
+
+def test_fast_dynamic_matmul_splits_off_the_rows_it_reads_b_in_place_for():
+    vectorized = FAST_MATMULS["f32"].ir("vectorized")
+    assert "memkernel.few_rows" in vectorized  # the split point: M when M < 8, else 0
+    assert "linalg.matmul" not in vectorized and "alignment = 64" in vectorized
+
+
+TWO_MATMULS = """func.func @two(%a: memref<?x?xf32>, %b: memref<?x?xf32>, %c: memref<?x?xf32>, %d: memref<?x?xf32>) {
+  linalg.matmul ins(%a, %b : memref<?x?xf32>, memref<?x?xf32>) outs(%c : memref<?x?xf32>)
+  linalg.matmul ins(%b, %a : memref<?x?xf32>, memref<?x?xf32>) outs(%d : memref<?x?xf32>)
+  return
+}"""
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_two_fast_dynamic_matmuls_in_one_kernel_match_numpy(parallel):
+    kernel = mlir_kernel(TWO_MATMULS, pipeline="fast", parallel=parallel)(
+        lambda a, b: ((a.shape[0], b.shape[1]), (b.shape[0], a.shape[1])))
+    assert "linalg.matmul" not in kernel.ir("vectorized")
+    for m, k in [(3, 40), (37, 20)]:
+        a, b = inputs(m, m, k, np.float32)
+        c, d = kernel(a, b)
+        np.testing.assert_array_equal(c, a @ b)
+        np.testing.assert_array_equal(d, b @ a)
 
 
 def test_fast_matmul_of_few_static_rows_through_strided_views():
@@ -433,8 +459,9 @@ def test_a_failing_parallel_matmul_strategy_computes_with_the_default_lowering(m
     parsed = parse_source(source)
     with parsed.context:
         parameters = memkernel.compile.presets._matmul_parameters(parsed.module, True)
-        # The few-rows tiling leaves tiles of a dynamic M, which the strategy fails to vectorize.
-        broken = Strategy("matmul.mlir", False, lambda module, parallel: {**parameters, "tiling": "tile_rows"})
+        # Panels of no columns: N is left whole, and the strategy fails.
+        broken = Strategy("matmul.mlir", False, lambda module, parallel: {**parameters, "register_columns": "0"},
+                          memkernel.compile.presets._mark_row_split)
         assert broken.applied(parsed.module, True) is parsed.module
         monkeypatch.setitem(PRESETS, "fast", (broken,))
         lowered = str(memkernel.compile.pipeline.lower(parsed.module, memkernel.compile.pipeline.parse_pipeline(
