@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import os
 
+# numpy's OpenBLAS threads (the parallel matmul rows give it several) spin for 2^28 cycles
+# after each call before they sleep, taking a core from the kernel timed next in turn: it
+# measured 25% slower at 2048³. 2^4 cycles is OpenBLAS's minimum; it reads the variable when
+# numpy loads it, hence before the import.
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
 import argparse
+import contextlib
 import ctypes
 import functools
 import platform
@@ -21,7 +28,7 @@ import tempfile
 import time
 import timeit
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from importlib.util import find_spec
@@ -126,6 +133,7 @@ IREE_DATA_TILING = ("--iree-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=al
 CONV_INPUT = (1, 56, 56, 64)  # N, H, W, C: a ResNet stage-2 activation
 CONV_FILTER = (3, 3, 64, 64)  # KH, KW, C, F
 EXP_SIDE = 2000
+PARALLEL_MATMUL_SIZE = 2048  # M = N = K: a block of rows per worker, 1024 on 2 cores
 # (prefix, suffix) of OpenBLAS's C functions: numpy 2's scipy-openblas, 64-bit and plain builds.
 OPENBLAS_NAMES = (("scipy_openblas_", "64_"), ("openblas_", "64_"), ("openblas_", ""))
 HEADER = ("benchmark", "variant", "time", "ratio to numpy", "target")
@@ -583,7 +591,35 @@ def parallel_rows(settings: Settings) -> list[Row]:
     if seconds is None:
         return [*rows, not_installed(benchmark, cases[1].variant)]
     ratio = f"{seconds / base:.2f} of serial ({base / seconds:.2f}× speedup)"
-    return [*rows, (benchmark, cases[1].variant, milliseconds(seconds), ratio, "—")]
+    return [*rows, (benchmark, cases[1].variant, milliseconds(seconds), ratio, "—"), *parallel_matmul_rows(settings)]
+
+
+def parallel_matmul_rows(settings: Settings) -> list[Row]:
+    """GFLOP/s of a large f32 matmul with ``parallel=True``: against the serial kernel, then numpy on as many threads."""
+    size = PARALLEL_MATMUL_SIZE
+    workers = os.cpu_count() or 1
+    benchmark = f"parallel=True, matmul {size}×{size}×{size} f32, out=, numpy's 16-byte-aligned arrays"
+    base = "memkernel memref<?x?xf32>, pipeline=fast, serial (base)"
+    variant = f"memkernel memref<?x?xf32>, pipeline=fast, parallel=True ({workers} workers)"
+    blas = f"np.matmul(a, b, out=c), {workers} OpenBLAS threads"
+    if find_library(pipeline.ASYNC_RUNTIME) is None:  # the table keeps its rows
+        return [not_installed(benchmark, name) for name in (base, variant, blas, variant)]
+    a, b, c = matmul_arrays(size, size, size, np.float32, NUMPY_OFFSET)
+    blas_out = c.copy()
+    serial, threaded = (mlir_kernel(MATMUL.format(t="memref<?x?xf32>"), pipeline="fast", parallel=parallel)(
+        lambda a, b: None) for parallel in (False, True))
+    show = per_second(2 * size**3, "GFLOP/s")
+    rows = compare(benchmark, [
+        Case(base, lambda: serial(a, b, out=c), c),
+        Case(variant, lambda: threaded(a, b, out=c), c, Target(0.9 * workers, at_least=True)),
+    ], a @ b, settings, show, throughput=True)
+    with blas_threads(workers) as switched:
+        if not switched:
+            return [*rows, (benchmark, blas, "not OpenBLAS: its threads are not set", "—", "—")]
+        return rows + compare(benchmark, [
+            Case(blas, lambda: np.matmul(a, b, out=blas_out), blas_out),
+            Case(variant, lambda: threaded(a, b, out=c), c, Target(0.9, at_least=True)),
+        ], a @ b, settings, show, throughput=True)
 
 
 def unique_name() -> str:
@@ -731,10 +767,10 @@ def cpu_model() -> str:
     return models[0] if models else platform.processor() or platform.machine()
 
 
-def numpy_blas() -> str:
-    """numpy's OpenBLAS as it runs in this process: version, the CPU kernels it picked, threads.
+def openblas_function(name: str) -> Any | None:
+    """The C function ``name`` (``get_num_threads``, say) of the OpenBLAS numpy loaded; None without one.
 
-    Read from the library numpy loaded (found in /proc/self/maps), as threadpoolctl does.
+    Found from the library's path in /proc/self/maps, as threadpoolctl does.
     """
     maps = Path("/proc/self/maps")
     lines = maps.read_text().splitlines() if maps.exists() else []
@@ -742,15 +778,38 @@ def numpy_blas() -> str:
     for path in paths:
         library = ctypes.CDLL(path)
         for prefix, suffix in OPENBLAS_NAMES:
-            config = getattr(library, f"{prefix}get_config{suffix}", None)
-            if config is None:
-                continue
-            corename = getattr(library, f"{prefix}get_corename{suffix}")
-            threads = getattr(library, f"{prefix}get_num_threads{suffix}")()
-            config.restype = corename.restype = ctypes.c_char_p
-            name = " ".join(config().decode().split()[:2])
-            return f"{name}, {corename().decode()} kernels, {threads} thread{'s' if threads > 1 else ''}"
-    return "not OpenBLAS"
+            if hasattr(library, f"{prefix}get_config{suffix}"):
+                return getattr(library, f"{prefix}{name}{suffix}")
+    return None
+
+
+def numpy_blas() -> str:
+    """numpy's OpenBLAS as it runs in this process: version, the CPU kernels it picked, threads."""
+    config, corename, get_threads = map(openblas_function, ("get_config", "get_corename", "get_num_threads"))
+    if config is None or corename is None or get_threads is None:
+        return "not OpenBLAS"
+    threads = get_threads()
+    config.restype = corename.restype = ctypes.c_char_p
+    name = " ".join(config().decode().split()[:2])
+    return f"{name}, {corename().decode()} kernels, {threads} thread{'s' if threads > 1 else ''}"
+
+
+@contextlib.contextmanager
+def blas_threads(threads: int) -> Iterator[bool]:
+    """Let numpy's OpenBLAS use ``threads`` threads inside the block, then as many as before.
+
+    Yields whether it could (False when numpy's BLAS is not OpenBLAS).
+    """
+    get, set_threads = openblas_function("get_num_threads"), openblas_function("set_num_threads")
+    if get is None or set_threads is None:
+        yield False
+        return
+    before = get()
+    set_threads(threads)
+    try:
+        yield True
+    finally:
+        set_threads(before)
 
 
 def machine() -> str:
@@ -768,13 +827,16 @@ NOTES = """\
   each per round, so load from other processes falls on all of them alike. The ratio is
   the median over rounds of each round's time / numpy time of the same group, except
   for the rows shown in GB/s or GFLOP/s (throughput / numpy's, higher is better), the
-  parallel rows (time / serial time) and compile time (see its rows).
+  parallel rows (exp: time / serial time; the matmul's first group: throughput / the
+  serial kernel's) and compile time (see its rows).
 - Targets: memkernel `out=` ≤ 1× `np.add(out=)`; allocating ≤ 1.5× `np.add`; add bandwidth
   ≥ 0.9 of numpy with either pipeline; sum with `pipeline="fast"` ≥ 0.9 of `x.sum()`;
   matmul 512³ f32 with `pipeline="fast"` ≥ 0.95 of numpy (static shapes) and ≥ 0.9 (dynamic,
   on either alignment); the other matmul shapes ≥ 0.8; the convolution with
   `pipeline="fast"` ≥ 1.5× numpy's im2col; disk cache hit ≤ 0.2 of the fresh-process
-  compile (base B). The other rows have no target.
+  compile (base B); the 2048³ f32 matmul with `parallel=True` ≥ 0.9 × workers times its
+  serial throughput, and ≥ 0.9 of numpy's on as many OpenBLAS threads. The other rows have
+  no target.
 - Alignment: numpy's own allocations start 16 bytes past a 64-byte boundary; the matmul
   and convolution arrays are placed so (and, in the second 512³ group, 64-byte aligned),
   whatever the allocator happens to return in this run.
@@ -782,7 +844,9 @@ NOTES = """\
   aside), and without the `OPENBLAS_CORETYPE`/`OPENBLAS_L2_SIZE` overrides some machines
   set for old OpenBLAS builds: run the script as `env -u OPENBLAS_CORETYPE -u
   OPENBLAS_L2_SIZE OPENBLAS_NUM_THREADS=1 python benchmarks/run.py`. The machine line shows
-  the BLAS kernels and threads numpy actually used.
+  the BLAS kernels and threads numpy actually used. The parallel matmul's second group
+  alone lets numpy's OpenBLAS use one thread per worker (`openblas_set_num_threads`), and
+  sets it back after.
 - The memref sum with the fast preset has its add marked `reassoc`; LLVM then vectorizes it,
   behind its own runtime check that the output does not overlap the input. The fast preset
   has no strategy for elementwise ops: those rows take the default lowering.

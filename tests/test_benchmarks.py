@@ -67,6 +67,12 @@ ROWS = {
         "memkernel exp(exp(x)), serial",
         "memkernel exp(exp(x)), parallel=True (",
     ],
+    "parallel=True, matmul 2048×2048×2048 f32, out=, numpy's 16-byte-aligned arrays": [
+        "memkernel memref<?x?xf32>, pipeline=fast, serial (base)",
+        "memkernel memref<?x?xf32>, pipeline=fast, parallel=True (",
+        "np.matmul(a, b, out=c), ",
+        "memkernel memref<?x?xf32>, pipeline=fast, parallel=True (",
+    ],
     "compile, add kernel": [
         "cache=False, compiled in the compile worker",
         "MEMKERNEL_COMPILE_WORKER=0, cache=False (compiles here)",
@@ -98,6 +104,8 @@ TARGETED = {
       for shape in ("1000×1000×1000 f32", "513×257×129 f32", "1×512×512 f32", "512×512×512 f64")
       for variant in (f"memkernel memref<?x?x{shape[-3:]}>, pipeline=fast", "memkernel static memrefs, pipeline=fast")),
     ("conv 3×3, 1×56×56×64 → 1×54×54×64 f32", "memkernel conv_2d_nhwc_hwcf, pipeline=fast"),
+    ("parallel=True, matmul 2048×2048×2048 f32, out=, numpy's 16-byte-aligned arrays",
+     "memkernel memref<?x?xf32>, pipeline=fast, parallel=True ("),
     ("compile, add kernel", "fresh process, disk cache hit"),
     ("compile, add kernel", "MEMKERNEL_COMPILE_WORKER=0, cache=False (compiles here)"),
 }

@@ -443,7 +443,7 @@ def lower(module: ir.Module, pipeline: Pipeline, source: str, until: str = "llvm
     strategies = PRESETS[pipeline.name]
     for strategy in strategies:
         if strategy.on_tensors:
-            module = strategy.applied(module)
+            module = strategy.applied(module, pipeline.parallel)
     if uses_tensors(module):
         _run(_BUFFERIZE, module, source)
     _scheduled(module, pipeline, source, "after-bufferization")
@@ -453,7 +453,7 @@ def lower(module: ir.Module, pipeline: Pipeline, source: str, until: str = "llvm
         return module
     for strategy in strategies:
         if not strategy.on_tensors:
-            module = strategy.applied(module)
+            module = strategy.applied(module, pipeline.parallel)
     if until == "vectorized":
         return module
     _run(pre_lowering(pipeline.parallel), module, source)

@@ -9,7 +9,10 @@ to the ops they know, sized for the host's vector width:
   blocked for the caches, with each panel of B packed into an aligned contiguous
   buffer, then tiled for registers and peeled so every tile is static,
   vectorized to broadcast-and-FMA outer products with the C tile held in
-  registers (see ``transforms/matmul.mlir``);
+  registers; with ``parallel=True`` the blocks of rows are tasks on the async
+  runtime's workers. Fewer rows than a register tile (a static M, or a dynamic one
+  at run time) read B in place instead, vectorized over N (see
+  ``transforms/matmul.mlir``);
 - ``linalg.conv_2d_nhwc_hwcf``, ``linalg.conv_1d_nwc_wcf`` and
   ``linalg.depthwise_conv_2d_nhwc_hwc`` on f32/f64 memrefs: tiled so that each tile is a
   small matmul (an elementwise multiply-add for the depthwise one) of output columns by
@@ -31,12 +34,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Protocol
 
 from mlir import ir
+from mlir.dialects import arith, memref
 from mlir.dialects.transform import interpreter
 
 from . import objects as jit
@@ -72,24 +77,61 @@ def _element(value: ir.Value) -> str:
     return str(value.type.element_type)
 
 
-# The matmul strategy's blocks: C rows per block (its A rows, 128 × K, stay in L2 while the
-# block's panels go by) and rows per register tile; a tile is that many rows by two host
-# vectors, 16 of AVX-512's 32 registers.
-_MATMUL_BLOCK_ROWS = 128
+# The matmul strategy's blocks: C's rows are cut into one block per worker (one when serial;
+# more blocks pack B's panels more often, which measured slower), each into register tiles of
+# 8 rows by two host vectors, 16 of AVX-512's 32 registers. A static M below the register
+# rows takes tiles of all M rows by four host vectors instead, reading B in place; a dynamic
+# one below them, tiles of one row.
 _MATMUL_REGISTER_ROWS = 8
+_MATMUL_ROW_VECTORS = 4
 
 
-def _matmul_parameters(module: ir.Module) -> dict[str, str] | None:
+def _matmul_parameters(module: ir.Module, parallel: bool) -> dict[str, str] | None:
     matmuls = _ops(module, "linalg.matmul")
     types = {_element(v) for op in matmuls for v in op.operands}
     if not matmuls or not types <= set(_FLOATS) or len(types) != 1:
         return None
     lanes = host_vector_bits() // (64 if types == {"f64"} else 32)
+    workers = os.cpu_count() or 1
     # The last, narrower panel is cut into single columns when its width is dynamic (the only
-    # static shape it surely has); with static shapes its width is static and it stays whole.
+    # static shape it surely has); with static shapes its width is static, and a tile as wide
+    # as the widest panel leaves it whole.
     static = all(v.type.has_static_shape for op in matmuls for v in op.operands)
-    return {"block_rows": str(_MATMUL_BLOCK_ROWS), "register_rows": str(_MATMUL_REGISTER_ROWS),
-            "register_columns": str(2 * lanes), "leftover_columns": str(2 * lanes if static else 1)}
+    rows = [op.operands[0].type for op in matmuls]
+    if all(not t.is_dynamic_dim(0) and 0 < t.shape[0] < _MATMUL_REGISTER_ROWS for t in rows):
+        tiling = "tile_rows"
+    elif len(rows) == 1 and rows[0].is_dynamic_dim(0):
+        tiling = "split_rows"  # at the point _mark_row_split computes
+    else:
+        tiling = "pack_panels"
+    return {"tiling": tiling,
+            "distribution": "run_blocks_on_workers" if parallel else "run_blocks_in_order",
+            "workers": str(workers), "blocks": str(workers if parallel else 1),
+            "register_rows": str(_MATMUL_REGISTER_ROWS),
+            "register_columns": str(2 * lanes), "leftover_columns": str(_MATMUL_ROW_VECTORS * lanes if static else 1),
+            "row_columns": str(_MATMUL_ROW_VECTORS * lanes)}
+
+
+def _mark_row_split(module: ir.Module, parameters: dict[str, str]) -> None:
+    """For ``split_rows``, before the matmul: the row where the script splits it, M if M is below
+    the register rows, else 0 (marked ``memkernel.few_rows``); and the rows of its blocks after the
+    split, ``blocks`` blocks of them but at least one row (marked ``memkernel.block_rows``)."""
+    if parameters["tiling"] != "split_rows":
+        return
+    matmul = _ops(module, "linalg.matmul")[0]
+    with ir.InsertionPoint(matmul), matmul.location:
+        index = ir.IndexType.get()
+
+        def constant(value: int) -> ir.Value:
+            return arith.ConstantOp(index, value).result
+
+        rows = memref.DimOp(matmul.operands[0], constant(0)).result
+        few = arith.CmpIOp(arith.CmpIPredicate.ult, rows, constant(_MATMUL_REGISTER_ROWS)).result
+        point = arith.SelectOp(few, rows, constant(0))
+        point.operation.attributes["memkernel.few_rows"] = ir.UnitAttr.get()
+        rest = arith.SubIOp(rows, point.result).result
+        block = arith.MaxUIOp(arith.CeilDivUIOp(rest, constant(int(parameters["blocks"]))).result, constant(1))
+        block.operation.attributes["memkernel.block_rows"] = ir.UnitAttr.get()
 
 
 _WINDOW = ("kh", "kw", "c")
@@ -149,10 +191,10 @@ _CONV_FEATURE_VECTORS = 4
 _CONV_CHANNELS = 4
 
 
-def _convolution_parameters(op: str) -> Callable[[ir.Module], dict[str, str] | None]:
-    """The parameters of the convolution strategy for the ``op`` convolutions of a module."""
+def _convolution_parameters(op: str) -> Callable[[ir.Module, bool], dict[str, str] | None]:
+    """The parameters of the convolution strategy for the ``op`` convolutions of a module (serial or not)."""
 
-    def parameters(module: ir.Module) -> dict[str, str] | None:
+    def parameters(module: ir.Module, parallel: bool) -> dict[str, str] | None:
         convolutions = _ops(module, op)
         types = {_element(v) for conv in convolutions for v in conv.operands}
         if not convolutions or not types <= set(_FLOATS) or len(types) != 1:
@@ -167,7 +209,7 @@ def _convolution_parameters(op: str) -> Callable[[ir.Module], dict[str, str] | N
 _REDUCTION_ONLY = "[#linalg.iterator_type<reduction>]"
 
 
-def _reduction_parameters(module: ir.Module) -> dict[str, str] | None:
+def _reduction_parameters(module: ir.Module, parallel: bool) -> dict[str, str] | None:
     reductions = _ops(module, "linalg.reduce") + [
         op for op in _ops(module, "linalg.generic") if str(op.attributes["iterator_types"]) == _REDUCTION_ONLY
     ]
@@ -189,15 +231,20 @@ class Strategy:
 
     script: str
     on_tensors: bool
-    parameters: Callable[[ir.Module], dict[str, str] | None]
+    parameters: Callable[[ir.Module, bool], dict[str, str] | None]
+    prepare: Callable[[ir.Module, dict[str, str]], None] | None = None
 
     @functools.cached_property
     def text(self) -> str:
         return resources.files("memkernel.compile").joinpath("transforms", self.script).read_text()
 
-    def applied(self, module: ir.Module) -> ir.Module:
-        """``module`` transformed, as a new module; the original one if the strategy does not apply or fails."""
-        parameters = self.parameters(module)
+    def applied(self, module: ir.Module, parallel: bool = False) -> ir.Module:
+        """``module`` transformed, as a new module; the original one if the strategy does not apply or fails.
+
+        ``parallel``: the kernel runs its parallel loops on the async runtime's workers. ``prepare``,
+        if any, first adds to the copy what the script needs and cannot create (a payload value).
+        """
+        parameters = self.parameters(module, parallel)
         if parameters is None:
             return module
         text = self.text
@@ -205,6 +252,8 @@ class Strategy:
             text = text.replace("{" + key + "}", value)
         copy = ir.Module.parse(str(module), module.context)
         try:
+            if self.prepare is not None:
+                self.prepare(copy, parameters)
             script = ir.Module.parse(text, module.context)
             interpreter.apply_named_sequence(copy.operation, script.body.operations[0], script.operation)
             copy.operation.verify()
@@ -224,8 +273,9 @@ class Step(Protocol):
     def text(self) -> str:
         """What identifies its behaviour in a preset's fingerprint."""
 
-    def applied(self, module: ir.Module) -> ir.Module:
-        """``module`` with the step applied (the module itself where it does not apply)."""
+    def applied(self, module: ir.Module, parallel: bool = False) -> ir.Module:
+        """``module`` with the step applied (the module itself where it does not apply); ``parallel``: the
+        kernel runs its parallel loops on the async runtime's workers."""
 
 
 PRESETS: dict[str, tuple[Step, ...]] = {
@@ -233,14 +283,14 @@ PRESETS: dict[str, tuple[Step, ...]] = {
     "fast": (
         Strategy("reduction.mlir", True, _reduction_parameters),
         Reassociation(),
-        Strategy("matmul.mlir", False, _matmul_parameters),
+        Strategy("matmul.mlir", False, _matmul_parameters, _mark_row_split),
         *(Strategy("convolution.mlir", False, _convolution_parameters(op)) for op in CONVOLUTIONS),
     ),
 }
 
 
 # The strategies' tile sizes not written in their scripts: part of what a preset does.
-_TUNING = (_MATMUL_BLOCK_ROWS, _MATMUL_REGISTER_ROWS, _CONV_COLUMNS, _CONV_FEATURE_VECTORS, _CONV_CHANNELS)
+_TUNING = (_MATMUL_REGISTER_ROWS, _MATMUL_ROW_VECTORS, _CONV_COLUMNS, _CONV_FEATURE_VECTORS, _CONV_CHANNELS)
 
 
 def fingerprint(preset: str) -> str:

@@ -58,8 +58,9 @@ class Reassociation:
     text = f"reassociation: {' '.join(_COMBINERS)} combining a memref reduction's accumulator get {_REASSOC}"
     """What identifies the rule in a preset's fingerprint."""
 
-    def applied(self, module: ir.Module) -> ir.Module:
-        """``module`` with its memref reductions' combining ops marked; changed in place."""
+    def applied(self, module: ir.Module, parallel: bool = False) -> ir.Module:
+        """``module`` with its memref reductions' combining ops marked; changed in place (``parallel`` changes
+        nothing)."""
         reductions: list[ir.Operation] = []
 
         def visit(op: ir.Operation) -> ir.WalkResult:

@@ -6,6 +6,7 @@ import functools
 import os
 import re
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -44,13 +45,21 @@ CONV = """func.func @conv(%x: memref<1x10x12x3xf32>, %w: memref<3x3x3x8xf32>, %y
 }"""
 
 
-def dynamic_matmul(t: str, pipeline: str = "fast"):
+def dynamic_matmul(t: str, pipeline: str = "fast", parallel: bool = False):
     memref = f"memref<?x?x{t}>"
     source = MATMUL.format(A=memref, B=memref, C=memref)
-    return mlir_kernel(source, pipeline=pipeline)(lambda a, b: (a.shape[0], b.shape[1]))
+    return mlir_kernel(source, pipeline=pipeline, parallel=parallel)(lambda a, b: (a.shape[0], b.shape[1]))
+
+
+def few_rows_matmul(m: int, t: str):
+    """A fast matmul of a static number of rows ``m`` (N and K dynamic)."""
+    source = MATMUL.format(A=f"memref<{m}x?x{t}>", B=f"memref<?x?x{t}>", C=f"memref<{m}x?x{t}>")
+    return mlir_kernel(source, pipeline="fast")(lambda a, b: (m, b.shape[1]))
 
 
 FAST_MATMULS = {t: dynamic_matmul(t) for t in ("f32", "f64")}
+PARALLEL_MATMULS = {t: dynamic_matmul(t, parallel=True) for t in ("f32", "f64")}
+FEW_ROWS_MATMULS = {(m, t): few_rows_matmul(m, t) for m in (1, 3, 7) for t in ("f32", "f64")}
 DTYPES = {"f32": np.float32, "f64": np.float64}
 
 
@@ -91,6 +100,98 @@ def test_fast_static_matmul_matches_numpy(m, n, k, t):
 def test_fast_matmul_through_strided_views():
     a, b = inputs(90, 70, 50, np.float32)
     np.testing.assert_array_equal(FAST_MATMULS["f32"](a[::2], b[:, ::-1]), a[::2] @ b[:, ::-1])
+
+
+@settings(max_examples=30, deadline=None)
+@given(m=st.integers(0, 300), n=st.integers(0, 70), k=st.integers(0, 40), t=st.sampled_from(["f32", "f64"]))
+def test_parallel_fast_dynamic_matmul_matches_numpy_on_any_shape(m, n, k, t):
+    a, b = inputs(m, n, k, DTYPES[t])
+    np.testing.assert_array_equal(PARALLEL_MATMULS[t](a, b), a @ b)
+
+
+@pytest.mark.parametrize("m, n, k", [(513, 257, 129), (129, 33, 5), (1, 100, 3), (300, 7, 30)])
+@pytest.mark.parametrize("t", ["f32", "f64"])
+def test_parallel_fast_static_matmul_matches_numpy(m, n, k, t):
+    source = MATMUL.format(A=f"memref<{m}x{k}x{t}>", B=f"memref<{k}x{n}x{t}>", C=f"memref<{m}x{n}x{t}>")
+    kernel = mlir_kernel(source, pipeline="fast", parallel=True)(lambda a, b: None)
+    assert "linalg.matmul" not in kernel.ir("vectorized")
+    a, b = inputs(m, n, k, DTYPES[t], seed=m + n + k)
+    np.testing.assert_array_equal(kernel(a, b), a @ b)
+
+
+def test_parallel_fast_matmul_through_strided_views():
+    a, b = inputs(600, 70, 50, np.float32)
+    np.testing.assert_array_equal(PARALLEL_MATMULS["f32"](a[::2], b[:, ::-1]), a[::2] @ b[:, ::-1])
+
+
+def test_parallel_fast_matmul_makes_its_blocks_of_rows_async_tasks_and_serial_does_not():
+    """The tasks run on the runtime's workers: see test_parallel_true_runs_loop_iterations_on_several_threads."""
+    assert "async.execute" in PARALLEL_MATMULS["f32"].ir("vectorized")
+    assert "async." not in FAST_MATMULS["f32"].ir("vectorized")
+    assert "scf.parallel" not in PARALLEL_MATMULS["f32"].ir("vectorized")  # all of them made tasks
+
+
+@pytest.mark.skipif(os.cpu_count() < 2, reason="needs two cores to show a second thread")
+def test_parallel_fast_matmul_computes_on_other_threads_than_the_callers():
+    """The process spends CPU time beyond the calling thread's: the blocks other than its own ran elsewhere."""
+    a, b = inputs(1024, 512, 512, np.float32)
+    PARALLEL_MATMULS["f32"](a, b)
+    process, thread = time.process_time(), time.thread_time()
+    for _ in range(3):
+        c = PARALLEL_MATMULS["f32"](a, b)
+    process, thread = time.process_time() - process, time.thread_time() - thread
+    np.testing.assert_array_equal(c, a @ b)
+    assert process - thread > 0.3 * process
+
+
+def test_parallel_and_serial_fast_pipelines_have_different_cache_keys():
+    serial = memkernel.compile.pipeline.parse_pipeline("fast")
+    parallel = memkernel.compile.pipeline.parse_pipeline("fast", parallel=True)
+    assert serial.describe() != parallel.describe()
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.sampled_from([1, 3, 7]), n=st.integers(0, 150), k=st.integers(0, 40), t=st.sampled_from(["f32", "f64"]))
+def test_fast_matmul_of_few_static_rows_matches_numpy_on_any_shape(m, n, k, t):
+    a, b = inputs(m, n, k, DTYPES[t])
+    np.testing.assert_array_equal(FEW_ROWS_MATMULS[m, t](a, b), a @ b)
+
+
+@pytest.mark.parametrize("t", ["f32", "f64"])
+def test_fast_matmul_of_few_static_rows_reads_b_in_place_and_vectorizes_every_tile(t):
+    vectorized = FEW_ROWS_MATMULS[3, t].ir("vectorized")
+    assert "linalg.matmul" not in vectorized and "vector.fma" in vectorized
+    assert "memref.alloc" not in vectorized  # no packed panel
+
+
+def test_fast_dynamic_matmul_splits_off_the_rows_it_reads_b_in_place_for():
+    vectorized = FAST_MATMULS["f32"].ir("vectorized")
+    assert "memkernel.few_rows" in vectorized  # the split point: M when M < 8, else 0
+    assert "linalg.matmul" not in vectorized and "alignment = 64" in vectorized
+
+
+TWO_MATMULS = """func.func @two(%a: memref<?x?xf32>, %b: memref<?x?xf32>, %c: memref<?x?xf32>, %d: memref<?x?xf32>) {
+  linalg.matmul ins(%a, %b : memref<?x?xf32>, memref<?x?xf32>) outs(%c : memref<?x?xf32>)
+  linalg.matmul ins(%b, %a : memref<?x?xf32>, memref<?x?xf32>) outs(%d : memref<?x?xf32>)
+  return
+}"""
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_two_fast_dynamic_matmuls_in_one_kernel_match_numpy(parallel):
+    kernel = mlir_kernel(TWO_MATMULS, pipeline="fast", parallel=parallel)(
+        lambda a, b: ((a.shape[0], b.shape[1]), (b.shape[0], a.shape[1])))
+    assert "linalg.matmul" not in kernel.ir("vectorized")
+    for m, k in [(3, 40), (37, 20)]:
+        a, b = inputs(m, m, k, np.float32)
+        c, d = kernel(a, b)
+        np.testing.assert_array_equal(c, a @ b)
+        np.testing.assert_array_equal(d, b @ a)
+
+
+def test_fast_matmul_of_few_static_rows_through_strided_views():
+    a, b = inputs(6, 70, 50, np.float64)
+    np.testing.assert_array_equal(FEW_ROWS_MATMULS[3, "f64"](a[::2], b[:, ::-1]), a[::2] @ b[:, ::-1])
 
 
 def test_integer_matmul_takes_the_default_lowering_with_fast():
@@ -310,7 +411,7 @@ def test_a_kernel_whose_convolution_strategy_fails_computes_with_the_default_low
     op = "conv_2d_nhwc_hwcf"
     shapes = convolution_shapes(op, 1, (6, 7), (3, 3), 4, 5, 1, 1)
     parameters = CONVOLUTIONS[f"linalg.{op}"].parameters(f"linalg.{op}", {"ow": 6, "f": 16, "c": 4})
-    broken = Strategy("convolution.mlir", False, lambda module: {**parameters, "channel_loop": "7"})
+    broken = Strategy("convolution.mlir", False, lambda module, parallel: {**parameters, "channel_loop": "7"})
     monkeypatch.setitem(PRESETS, "fast", (broken,))
     source = convolution_source(op, "f32", shapes)
     parsed = parse_source(source)
@@ -326,7 +427,7 @@ def test_a_failing_convolution_strategy_falls_back_to_the_default_lowering():
     shapes = convolution_shapes(op, 1, (6, 7), (3, 3), 4, 5, 1, 1)
     parsed = parse_source(convolution_source(op, "f32", shapes))
     parameters = CONVOLUTIONS[f"linalg.{op}"].parameters(f"linalg.{op}", {"ow": 6, "f": 16, "c": 4})
-    broken = Strategy("convolution.mlir", False, lambda module: {**parameters, "channel_loop": "7"})
+    broken = Strategy("convolution.mlir", False, lambda module, parallel: {**parameters, "channel_loop": "7"})
     with parsed.context:
         before = str(parsed.module)
         assert broken.applied(parsed.module) is parsed.module
@@ -343,12 +444,32 @@ def test_fast_i1_kernel_is_left_to_the_byte_safe_lowering():
 
 def test_a_failing_strategy_leaves_the_module_unchanged():
     parsed = parse_source(elementwise("arith.addf", "memref<?xf32>", "f32", 1))
-    broken = Strategy("matmul.mlir", False, lambda module: {"block_rows": "oops", "register_rows": "1",
+    broken = Strategy("matmul.mlir", False, lambda module, parallel: {"blocks": "oops", "register_rows": "1",
                                                              "register_columns": "1", "leftover_columns": "1"})
     with parsed.context:
         before = str(parsed.module)
         assert broken.applied(parsed.module) is parsed.module
         assert str(parsed.module) == before
+
+
+def test_a_failing_parallel_matmul_strategy_computes_with_the_default_lowering(monkeypatch):
+    """As for the convolution: lowered here with a broken strategy, the matmul op is kept for the default lowering."""
+    memref = "memref<?x?xf32>"
+    source = MATMUL.format(A=memref, B=memref, C=memref)
+    parsed = parse_source(source)
+    with parsed.context:
+        parameters = memkernel.compile.presets._matmul_parameters(parsed.module, True)
+        # Panels of no columns: N is left whole, and the strategy fails.
+        broken = Strategy("matmul.mlir", False, lambda module, parallel: {**parameters, "register_columns": "0"},
+                          memkernel.compile.presets._mark_row_split)
+        assert broken.applied(parsed.module, True) is parsed.module
+        monkeypatch.setitem(PRESETS, "fast", (broken,))
+        lowered = str(memkernel.compile.pipeline.lower(parsed.module, memkernel.compile.pipeline.parse_pipeline(
+            "fast", parallel=True), source, "vectorized"))
+    assert "vector." not in lowered and "async." not in lowered and "linalg.matmul" in lowered
+    kernel = mlir_kernel(source, parallel=True, cache=False)(lambda a, b: (a.shape[0], b.shape[1]))
+    a, b = inputs(200, 30, 20, np.float32)
+    np.testing.assert_array_equal(kernel(a, b), a @ b)
 
 
 def test_the_fast_fingerprint_changes_with_the_tile_sizes(monkeypatch):
