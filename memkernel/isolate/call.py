@@ -58,7 +58,7 @@ class IsolatedRun:
         self._token = f"{next(_tokens)}-{spec.name}"
         weakref.finalize(self, process.dropped.append, self._token)
         self._timeout = kernel.options.timeout
-        with process.lock():
+        with self._worker_lock("()"):
             self._define(self._worker())
 
     def __call__(self, args: tuple[Any, ...], given: tuple[Any, ...]) -> Any:
@@ -68,7 +68,7 @@ class IsolatedRun:
                   if not isinstance(b, ScalarBinder) and c.size]
         layout = Layout([checked[i] for i in arrays])
         deadline = None if self._timeout is None else time.monotonic() + self._timeout
-        with self._worker_lock(args, checked):
+        with self._worker_lock(f"({self._summary(args, checked)})"):
             worker = self._worker()
             values: list[Value] = [self._value(b, c) for b, c in zip(self._binders, checked)]
             views = self._copy_in(worker.segment_for(layout.size), layout, arrays, checked, fresh, values)
@@ -110,13 +110,13 @@ class IsolatedRun:
         return ("value", checked if not checked.size else None)  # a non-empty array is placed in the segment
 
     @contextlib.contextmanager
-    def _worker_lock(self, args: tuple[Any, ...], checked: list[Any]) -> Iterator[None]:
-        """The worker to this call alone; with ``timeout=``, KernelTimeout if another isolated call holds it
-        for that long (that call goes on: it is not this call's to end)."""
+    def _worker_lock(self, call: str) -> Iterator[None]:
+        """The worker to this call (shown as ``call``) alone; with ``timeout=``, KernelTimeout if another
+        isolated call holds it for that long (that call goes on: it is not this call's to end)."""
         lock = process.lock()
         if not lock.acquire(timeout=-1 if self._timeout is None else self._timeout):
             raise KernelTimeout(
-                f"{self._kernel}({self._summary(args, checked)}) waited timeout={self._timeout:g} s for the worker "
+                f"{self._kernel}{call} waited timeout={self._timeout:g} s for the worker "
                 "process, which was running another isolated call all that time, and did not start. One worker "
                 "runs the isolated calls of a process one at a time; raise timeout= to wait longer."
             )
