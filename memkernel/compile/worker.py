@@ -278,10 +278,17 @@ def worker(options: Sequence[str] = ()) -> CompileWorker:
     with _workers_lock:
         chosen = _workers.pop(key, None) or CompileWorker(key)
         _workers[key] = chosen
+    _end_idle_workers()
+    return chosen
+
+
+def _end_idle_workers() -> None:
+    """End the idle workers beyond the :data:`KEEP_RUNNING` most recently used; after each request too, so a
+    worker that was busy when another set of options came along is not left running."""
+    with _workers_lock:
         others = list(_workers.values())[:-KEEP_RUNNING]
     for each in others:
         each.close_if_idle()
-    return chosen
 
 
 def in_process() -> bool:
@@ -316,7 +323,10 @@ def run(options: Sequence[str], what: str, function: Callable[..., T], *args: An
     or in this process when :func:`in_process`."""
     if in_process():
         return _run_here(tuple(options), function, args)
-    return worker(options).run(what, function, *args)
+    try:
+        return worker(options).run(what, function, *args)
+    finally:
+        _end_idle_workers()
 
 
 def _close_all() -> None:

@@ -296,3 +296,24 @@ def test_a_busy_worker_is_not_ended_to_make_room():
         for options in OPTION_SETS[1:]:
             compile_worker.worker(options)
         assert busy.pid() == pid
+
+
+def test_workers_busy_while_others_were_asked_for_end_once_idle():
+    barrier = threading.Barrier(len(OPTION_SETS))
+    errors: list[BaseException] = []
+
+    def compile_with(options) -> None:
+        barrier.wait()
+        try:
+            add_kernel(cache=False, llvm_options=options).compile()
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=compile_with, args=(options,)) for options in OPTION_SETS]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    running = [options for options in compile_worker._workers if compile_worker._workers[options].pid() is not None]
+    assert len(running) <= compile_worker.KEEP_RUNNING
