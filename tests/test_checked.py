@@ -239,3 +239,16 @@ def test_checked_index_division_by_zero_is_an_exception():
     np.testing.assert_array_equal(divide(np.array([9], np.int64), np.array([-2], np.int64)), [-4])
     with pytest.raises(KernelAssertionError, match=r"integer division by zero \(divsi\)"):
         divide(np.array([9], np.int64), np.array([0], np.int64))
+
+
+@pytest.mark.parametrize("op, message", [("divs", "integer division by zero (divs)"),
+                                         ("remu", "integer division by zero (remu)"),
+                                         ("floordivs", "integer division by zero (floordivs)")])
+def test_checked_checks_the_index_dialects_divisions(op, message):
+    divide = mlir_kernel(f"""func.func @divide(%a: index, %b: index) -> index {{
+  %q = index.{op} %a, %b
+  return %q : index
+}}""", checked=True)(lambda a, b: None)
+    assert divide(17, 5) == {"divs": 3, "remu": 2, "floordivs": 3}[op]
+    with pytest.raises(KernelAssertionError, match=re.escape(message)):
+        divide(17, 0)

@@ -2,8 +2,8 @@
 
 On x86 an integer division by zero, or of the smallest signed integer by -1, raises
 SIGFPE, which ends the process; ``generate-runtime-verification`` checks memory
-accesses only. So, when a kernel is checked, each ``arith`` integer division and
-remainder gets its divisor checked first (for vectors, every lane), and each signed
+accesses only. So, when a kernel is checked, each ``arith`` and ``index`` integer
+division and remainder gets its divisor checked first (for vectors, every lane), and each signed
 one its operands too; a failed check is a KernelAssertionError like any other
 (see :mod:`memkernel.compile.assertions`), pointing at the division's line.
 """
@@ -15,8 +15,9 @@ from mlir.dialects import arith, cf, vector
 
 from .assertions import located
 
-_UNSIGNED = ("arith.divui", "arith.remui", "arith.ceildivui")
-_SIGNED = ("arith.divsi", "arith.remsi", "arith.ceildivsi", "arith.floordivsi")
+_UNSIGNED = ("arith.divui", "arith.remui", "arith.ceildivui", "index.divu", "index.remu", "index.ceildivu")
+_SIGNED = ("arith.divsi", "arith.remsi", "arith.ceildivsi", "arith.floordivsi", "index.divs", "index.rems",
+           "index.ceildivs", "index.floordivs")
 _INDEX_BITS = 64
 
 
@@ -50,7 +51,7 @@ def _check(op: ir.Operation) -> None:
     bits = _bits(element)
     if bits is None:
         return
-    name = op.name.removeprefix("arith.")
+    name = op.name.removeprefix("arith.").removeprefix("index.")
     nonzero = arith.CmpIOp(arith.CmpIPredicate.ne, rhs, _splat(type_, 0)).result
     cf.AssertOp(_all(nonzero), located(f"integer division by zero ({name})", op.location))
     if op.name in _SIGNED:
