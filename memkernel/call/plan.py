@@ -78,7 +78,8 @@ class ArgumentCheck:
         checked += [binder.check(value, state) for binder, value in zip(self._outputs, outputs)]
         self._shapes.check(self._kernel, self._names,
                            [None if isinstance(b, ScalarBinder) else c.shape
-                            for b, c in zip(self._inputs + self._outputs, checked)])
+                            for b, c in zip(self._inputs + self._outputs, checked)],
+                           [len(self._inputs) + i for i, g in enumerate(given) if g is None])
         return state, checked, outputs
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import ast
 import inspect
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,8 +147,12 @@ class ShapeRules:
                         todo.append(y)
         return None
 
-    def check(self, kernel: str, names: Sequence[str], shapes: Sequence[tuple[int, ...] | None]) -> None:
-        """Raise a ShapeError naming the arguments, dims and sizes of the first rule ``shapes`` break."""
+    def check(self, kernel: str, names: Sequence[str], shapes: Sequence[tuple[int, ...] | None],
+              allocated: Collection[int] = ()) -> None:
+        """Raise a ShapeError naming the arguments, dims and sizes of the first rule ``shapes`` break.
+
+        ``allocated``: the arguments memkernel allocated for this call, which the message does not ask the
+        caller to pass longer."""
         for tie in self.ties:
             first = shapes[tie.a.arg]
             if first is None:
@@ -174,7 +178,7 @@ class ShapeRules:
                 f"on dim {tie.b.dim}; {tie.reason} needs them equal."
             )
         for bound in self.bounds:
-            self._check_bound(kernel, names, shapes, bound)
+            self._check_bound(kernel, names, shapes, bound, allocated)
         for affine in self.affine_bounds:
             self._check_affine(kernel, names, shapes, affine)
 
@@ -199,7 +203,7 @@ class ShapeRules:
 
     @staticmethod
     def _check_bound(kernel: str, names: Sequence[str], shapes: Sequence[tuple[int, ...] | None],
-                     bound: Bound) -> None:
+                     bound: Bound, allocated: Collection[int]) -> None:
         target = shapes[bound.target.arg]
         sizes = [shapes[d.arg] for _, d in bound.terms]
         if target is None or any(s is None for s in sizes):
@@ -211,10 +215,19 @@ class ShapeRules:
         have = target[bound.target.dim]
         if have < needed:
             given = ", ".join(f"{names[d.arg]} dim {d.dim} = {n}" for (_, d), n in zip(bound.terms, lengths))
+            name = names[bound.target.arg]
+            if any(c > 0 and d == bound.target for c, d in bound.terms):
+                remedy = (f"that is past the end of {name} whatever its size, since the loops run over its own "
+                          "length: the kernel indexes out of bounds.")
+            elif bound.target.arg in allocated:
+                remedy = (f"{name} was allocated for this call with that size; pass out= with at least {needed} "
+                          "there, or return that shape from the decorated function.")
+            else:
+                remedy = f"pass at least {needed}."
             raise ShapeError(
-                f"{kernel}(): {names[bound.target.arg]} has {have} elements on dim {bound.target.dim} but "
+                f"{kernel}(): {name} has {have} elements on dim {bound.target.dim} but "
                 f"{bound.reason} {bound.verb} up to index {needed - 1} there"
-                f"{f' ({given})' if given else ''}; pass at least {needed}."
+                f"{f' ({given})' if given else ''}; {remedy}"
             )
 
 
@@ -222,14 +235,56 @@ class ShapeRules:
 
 
 def argument_of(value: ir.Value, entry: ir.Block) -> int | None:
-    """The kernel argument ``value`` is, directly or through shape-preserving casts."""
+    """The kernel argument ``value`` is, directly or through shape-preserving casts, element and slice
+    inserts (their result is their destination), and ``scf.for`` loops that carry it."""
     while True:
         if isinstance(value, ir.BlockArgument):
-            return value.arg_number if value.owner == entry else None
+            if value.owner == entry:
+                return value.arg_number
+            loop = value.owner.owner
+            if loop.name != "scf.for" or value.arg_number == 0:
+                return None
+            carried = _carried(loop, value.arg_number - 1)
+            if carried is None:
+                return None
+            value = carried
+            continue
         owner = _defining_op(value)
-        if owner is None or owner.name not in SHAPE_PRESERVING:
+        if owner is None:
             return None
-        value = owner.operands[0]
+        if owner.name in SHAPE_PRESERVING:
+            value = owner.operands[0]
+        elif owner.name in _INSERTS:
+            value = owner.operands[1]
+        elif owner.name == "scf.for":
+            carried = _carried(owner, ir.OpResult(value).result_number)
+            if carried is None:
+                return None
+            value = carried
+        else:
+            return None
+
+
+_INSERTS = frozenset({"tensor.insert", "tensor.insert_slice"})
+
+
+def _carried(loop: ir.Operation, j: int) -> ir.Value | None:
+    """The initial value of ``loop``'s ``j``-th carried value, if every iteration yields it back (itself, or
+    what casts and inserts made of it): then the carried value, and the loop's result, are that value."""
+    body = loop.regions[0].blocks[0]
+    carried = body.arguments[1 + j]
+    value = list(body.operations)[-1].operands[j]
+    while value != carried:
+        owner = _defining_op(value)
+        if owner is None:
+            return None
+        if owner.name in SHAPE_PRESERVING:
+            value = owner.operands[0]
+        elif owner.name in _INSERTS:
+            value = owner.operands[1]
+        else:
+            return None
+    return loop.operands[3 + j]
 
 
 def unconditional(op: ir.Operation, function: ir.Operation) -> bool:
@@ -366,6 +421,11 @@ class _Collector:
                                                       reason))
 
     def bound(self, bound: Bound) -> None:
+        """Add ``bound``, unless it is there already or always holds (a dim that reaches its own end)."""
+        own = [c for c, d in bound.terms if d == bound.target]
+        others = [c for c, d in bound.terms if d != bound.target]
+        if own == [1] and bound.constant <= 0 and not any(others):
+            return
         if bound not in self.bounds:
             self.bounds.append(bound)
 

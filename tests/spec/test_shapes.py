@@ -502,3 +502,86 @@ def test_an_index_one_past_the_loop_variable_needs_one_more_element():
             "pass at least 6.")):
         pairs(x[:5], y)
     pairs(x[:0], y[:0])
+
+
+# y[i] = x[i] for each i of x, y carried through the loop: as a tensor, and as a memref.
+CARRIED = {
+    "tensor": """func.func @carry(%x: tensor<?xf32>, %y: tensor<?xf32>) -> tensor<?xf32> {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %n = tensor.dim %x, %c0 : tensor<?xf32>
+  %r = scf.for %i = %c0 to %n step %c1 iter_args(%t = %y) -> tensor<?xf32> {
+    %v = tensor.extract %x[%i] : tensor<?xf32>
+    %t2 = tensor.insert %v into %t[%i] : tensor<?xf32>
+    scf.yield %t2 : tensor<?xf32>
+  }
+  return %r : tensor<?xf32>
+}""",
+    "memref": """func.func @carry(%x: memref<?xf32>, %y: memref<?xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %n = memref.dim %x, %c0 : memref<?xf32>
+  %r = scf.for %i = %c0 to %n step %c1 iter_args(%m = %y) -> memref<?xf32> {
+    %v = memref.load %x[%i] : memref<?xf32>
+    memref.store %v, %m[%i] : memref<?xf32>
+    scf.yield %m : memref<?xf32>
+  }
+  return
+}"""}
+
+
+@pytest.mark.parametrize("kind", CARRIED)
+def test_an_array_carried_through_a_loop_is_still_that_array(kind):
+    carry = mlir_kernel(CARRIED[kind])(lambda x, y: None)
+    x, y = np.arange(4, dtype=F32), np.zeros(6, F32)
+    returned = carry(x, y)
+    got = returned if kind == "tensor" else y
+    np.testing.assert_array_equal(got[:4], x)
+    op = "tensor.insert" if kind == "tensor" else "memref.store"
+    with pytest.raises(ShapeError, match=re.escape(
+            f"carry(): y has 1 elements on dim 0 but @carry's {op} reaches up to index 3 there (x dim 0 = 4); "
+            "pass at least 4.")):
+        carry(x, np.zeros(1, F32))
+
+
+# x[i + 1] = x[i] for each i of x: one past the end of x, whatever its length.
+PAST_ITS_END = """func.func @shift(%x: memref<?xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %n = memref.dim %x, %c0 : memref<?xf32>
+  scf.for %i = %c0 to %n step %c1 {
+    %j = arith.addi %i, %c1 : index
+    %v = memref.load %x[%i] : memref<?xf32>
+    memref.store %v, %x[%j] : memref<?xf32>
+  }
+  return
+}"""
+
+# out[i + 2] = x[i] for each i of x, out allocated as long as x (the shape function's answer).
+PAST_AN_ALLOCATED_END = PAST_ITS_END.replace("%x: memref<?xf32>) {", "%x: memref<?xf32>, %y: memref<?xf32>) {").replace(
+    "%j = arith.addi %i, %c1 : index", "%c2 = arith.constant 2 : index\n    %j = arith.addi %i, %c2 : index").replace(
+    "memref.store %v, %x[%j]", "memref.store %v, %y[%j]")
+
+
+def test_a_loop_past_the_end_of_its_own_array_says_the_kernel_is_wrong():
+    shift = mlir_kernel(PAST_ITS_END)(lambda x: None)
+    assert shift.spec.shapes.bounds == tuple(b for b in shift.spec.shapes.bounds if b.reason.endswith("store"))
+    with pytest.raises(ShapeError, match=re.escape(
+            "shift(): x has 4 elements on dim 0 but @shift's memref.store reaches up to index 4 there (x dim 0 = 4); "
+            "that is past the end of x whatever its size, since the loops run over its own length: the kernel "
+            "indexes out of bounds.")):
+        shift(np.zeros(4, F32))
+    shift(np.zeros(0, F32))
+
+
+def test_an_allocated_output_too_short_for_the_loops_asks_for_out():
+    widen = mlir_kernel(PAST_AN_ALLOCATED_END)(lambda x: x.shape)
+    x = np.arange(5, dtype=F32)
+    with pytest.raises(ShapeError, match=re.escape(
+            "shift(): out has 5 elements on dim 0 but @shift's memref.store reaches up to index 6 there "
+            "(x dim 0 = 5); out was allocated for this call with that size; pass out= with at least 7 there, or "
+            "return that shape from the decorated function.")):
+        widen(x)
+    out = np.zeros(7, F32)
+    widen(x, out=out)
+    np.testing.assert_array_equal(out[2:], x)
