@@ -42,11 +42,12 @@ from .spec.signature import Signature
 from .spec.source import MLIR_LOCK, parse_source
 
 
-def checked_wanted(checked: bool | None) -> bool:
-    """``checked=`` as given, or, when None, whether ``$MEMKERNEL_CHECKED`` is set to something other than 0."""
+def checked_wanted(checked: bool | None, parallel: bool = False) -> bool:
+    """``checked=`` as given, or, when None, whether ``$MEMKERNEL_CHECKED`` is set to something other than 0;
+    the environment leaves ``parallel`` kernels unchecked, since checks cannot stop a kernel's worker threads."""
     if checked is not None:
         return bool(checked)
-    return os.environ.get("MEMKERNEL_CHECKED", "0").strip() not in ("", "0")
+    return not parallel and os.environ.get("MEMKERNEL_CHECKED", "0").strip() not in ("", "0")
 
 
 def _checked_llvm_options(options: Sequence[str]) -> tuple[str, ...]:
@@ -134,7 +135,7 @@ class Kernel:
         self.options = KernelOptions(source, name, pipeline, opt_level, tuple(shared_libs), cache,
                                      dict(callbacks or {}), capture_output, parallel, isolate, timeout,
                                      self._llvm_options, checked, schedule)
-        self._pipeline: Pipeline = parse_pipeline(pipeline, parallel, schedule, checked_wanted(checked))
+        self._pipeline: Pipeline = parse_pipeline(pipeline, parallel, schedule, checked_wanted(checked, parallel))
         if not isinstance(opt_level, int) or not 0 <= opt_level <= 3:
             raise OptionError(f"mlir_kernel(): opt_level must be 0, 1, 2 or 3, got {opt_level!r}")
         self._opt_level = opt_level

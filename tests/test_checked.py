@@ -109,6 +109,16 @@ def test_memkernel_checked_in_the_environment_checks(monkeypatch):
         fill(np.zeros(2, F32), 3)
 
 
+def test_memkernel_checked_in_the_environment_leaves_parallel_kernels_unchecked(monkeypatch):
+    monkeypatch.setenv("MEMKERNEL_CHECKED", "1")
+    fill = mlir_kernel(FILL, parallel=True)(lambda y, n: None)  # checked=True here would be refused
+    assert "cf.assert" not in fill.ir("vectorized")
+    assert "cf.assert" in mlir_kernel(FILL)(lambda y, n: None).ir("vectorized")  # the serial one is checked
+    y = np.zeros(3, F32)
+    fill(y, 2)
+    np.testing.assert_array_equal(y, [1, 1, 0])
+
+
 def test_checked_with_parallel_is_refused():
     with pytest.raises(CompileError, match="checked=True stops a kernel at its first failed check"):
         mlir_kernel(FILL, checked=True, parallel=True)(lambda y, n: None)

@@ -511,3 +511,14 @@ def test_timeout_bounds_the_wait_behind_another_isolated_call_which_goes_on(floa
     assert len(outcome) == 1 and str(outcome[0]).startswith("spin(n=3) ran longer than timeout=3 s")
     np.testing.assert_array_equal(add(a, b), a + b)
     np.testing.assert_array_equal(fresh(a, b), a + b)
+
+
+def test_a_restarted_worker_does_not_spend_the_next_calls_timeout():
+    spin = mlir_kernel(SPIN, isolate=True, timeout=0.3)(lambda n: None)
+    add = add_kernel(isolate=True, timeout=0.5)
+    a = np.ones(2_000_000, np.float32)
+    np.testing.assert_array_equal(add(a, a), a + a)
+    with pytest.raises(KernelTimeout):
+        spin(3)
+    for _ in range(3):  # each restart of the worker (about a second) comes before the call's budget
+        np.testing.assert_array_equal(add(a, a), a + a)

@@ -67,12 +67,13 @@ class IsolatedRun:
         arrays = [i for i, (b, c) in enumerate(zip(self._binders, checked))
                   if not isinstance(b, ScalarBinder) and c.size]
         layout = Layout([checked[i] for i in arrays])
-        deadline = None if self._timeout is None else time.monotonic() + self._timeout
+        started = time.monotonic()
         with self._worker_lock(f"({self._summary(args, checked)})"):
+            waited = time.monotonic() - started
             worker = self._worker()
             values: list[Value] = [self._value(b, c) for b, c in zip(self._binders, checked)]
             views = self._copy_in(worker.segment_for(layout.size), layout, arrays, checked, fresh, values)
-            results = self._request(worker, values, args, checked, deadline)
+            results = self._request(worker, values, args, checked, waited)
             for i, view in views.items():
                 if self._written[i] or fresh[i]:
                     np.copyto(checked[i], view, casting="no")
@@ -126,10 +127,10 @@ class IsolatedRun:
             lock.release()
 
     def _request(self, worker: process.Worker, values: list[Value], args: tuple[Any, ...],
-                 checked: list[Any], deadline: float | None) -> Results:
-        # The budget is the call's: what waiting for the worker took is spent; compiling the kernel in a
-        # worker that restarted is not.
-        remaining = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+                 checked: list[Any], waited: float) -> Results:
+        # The budget is the call's: the ``waited`` seconds behind other calls are spent; starting a worker,
+        # compiling the kernel in it and copying the arrays in are not.
+        remaining = None if self._timeout is None else max(self._timeout - waited, 0.001)
         self._define(worker)
         try:
             reply = worker.request(("call", self._token, values, len(self._binders) - self._spec.n_inputs,
