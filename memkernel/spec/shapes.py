@@ -237,10 +237,18 @@ class ShapeRules:
 def argument_of(value: ir.Value, entry: ir.Block) -> int | None:
     """The kernel argument ``value`` is, directly or through shape-preserving casts, element and slice
     inserts (their result is their destination), and ``scf.for`` loops that carry it."""
+    view = argument_view(value, entry)
+    return view[0] if view is not None and view[1] is None else None
+
+
+def argument_view(value: ir.Value, entry: ir.Block) -> tuple[int, tuple[int, ...] | None] | None:
+    """The kernel argument ``value`` is a view of, as :func:`argument_of` finds it or through
+    ``memref.transpose``; and which of the argument's dims each of the view's dims is (None: the same)."""
+    dims: tuple[int, ...] | None = None
     while True:
         if isinstance(value, ir.BlockArgument):
             if value.owner == entry:
-                return value.arg_number
+                return value.arg_number, dims
             loop = value.owner.owner
             if loop.name != "scf.for" or value.arg_number == 0:
                 return None
@@ -261,6 +269,10 @@ def argument_of(value: ir.Value, entry: ir.Block) -> int | None:
             if carried is None:
                 return None
             value = carried
+        elif owner.name == "memref.transpose":
+            source_dims = [r.position for r in ir.AffineMapAttr(owner.attributes["permutation"]).value.results]
+            dims = tuple(source_dims[d] for d in (dims if dims is not None else range(len(source_dims))))
+            value = owner.operands[0]
         else:
             return None
 
@@ -382,23 +394,33 @@ class _Collector:
             self.ties.append(Tie(a, b, reason))
 
     def _arguments(self, values: Sequence[ir.Value]) -> list[int | None]:
+        """The memref or tensor argument each of ``values`` is, with the same dims; None for anything else."""
         found = []
         for value in values:
             arg = argument_of(value, self.entry)
             found.append(arg if arg is not None and self.ranks[arg] is not None else None)
         return found
 
+    def _views(self, values: Sequence[ir.Value]) -> list[tuple[int, tuple[int, ...] | None] | None]:
+        """The memref or tensor argument each of ``values`` views, and its dims (see :func:`argument_view`)."""
+        found = []
+        for value in values:
+            view = argument_view(value, self.entry)
+            found.append(view if view is not None and self.ranks[view[0]] is not None else None)
+        return found
+
     def structured(self, op: ir.Operation, reason: str) -> None:
         maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
-        args = self._arguments(list(op.operands)[:len(maps)])
+        views = self._views(list(op.operands)[:len(maps)])
         loop_dims: dict[int, Dim] = {}
         affine: list[tuple[Dim, dict[int, int], int]] = []
         general: list[tuple[Dim, Expr]] = []
-        for arg, amap in zip(args, maps):
-            if arg is None:
+        for view, amap in zip(views, maps):
+            if view is None:
                 continue
+            arg, dims = view
             for k, expr in enumerate(amap.results):
-                here = Dim(arg, k)
+                here = Dim(arg, k if dims is None else dims[k])
                 if isinstance(expr, ir.AffineDimExpr):
                     first = loop_dims.setdefault(expr.position, here)
                     if first != here:

@@ -587,3 +587,24 @@ def test_an_allocated_output_too_short_for_the_loops_asks_for_out():
     out = np.zeros(7, F32)
     widen(x, out=out)
     np.testing.assert_array_equal(out[2:], x)
+
+
+# c = a @ b.T, b transposed by a view: its dims tie through the permutation.
+TRANSPOSED = """func.func @abt(%a: memref<?x?xf32>, %b: memref<?x?xf32>, %c: memref<?x?xf32>) {
+  %bt = memref.transpose %b (i, j) -> (j, i) : memref<?x?xf32> to memref<?x?xf32, strided<[1, ?]>>
+  linalg.matmul ins(%a, %bt : memref<?x?xf32>, memref<?x?xf32, strided<[1, ?]>>) outs(%c : memref<?x?xf32>)
+  return
+}"""
+
+
+def test_a_transposed_view_of_an_argument_ties_its_dims_through_the_permutation():
+    abt = mlir_kernel(TRANSPOSED)(lambda a, b: None)
+    rng = np.random.default_rng(0)
+    a, b = rng.integers(-3, 4, (5, 7)).astype(F32), rng.integers(-3, 4, (3, 7)).astype(F32)
+    np.testing.assert_array_equal(abt(a, b), a @ b.T)  # out's shape comes from a's rows and b's rows
+    with pytest.raises(ShapeError, match=re.escape(
+            "abt(): a has 7 elements on dim 1 but b has 6 on dim 1; @abt's linalg.matmul needs them equal.")):
+        abt(a, b[:, :6])
+    with pytest.raises(ShapeError, match=re.escape(
+            "abt(): b has 3 elements on dim 0 but out has 100 on dim 1; @abt's linalg.matmul needs them equal.")):
+        abt(a, b, out=np.zeros((5, 100), F32))
