@@ -260,10 +260,9 @@ def argument_view(value: ir.Value, entry: ir.Block) -> tuple[int, tuple[int, ...
         owner = _defining_op(value)
         if owner is None:
             return None
-        if owner.name in SHAPE_PRESERVING:
-            value = owner.operands[0]
-        elif owner.name in _INSERTS:
-            value = owner.operands[1]
+        source = _same_buffer_source(owner)
+        if source is not None:
+            value = source
         elif owner.name == "scf.for":
             carried = _carried(owner, ir.OpResult(value).result_number)
             if carried is None:
@@ -280,6 +279,15 @@ def argument_view(value: ir.Value, entry: ir.Block) -> tuple[int, tuple[int, ...
 _INSERTS = frozenset({"tensor.insert", "tensor.insert_slice"})
 
 
+def _same_buffer_source(op: ir.Operation) -> ir.Value | None:
+    """The operand whose memory and shape ``op``'s result has: a cast's source, an insert's destination."""
+    if op.name in SHAPE_PRESERVING:
+        return op.operands[0]
+    if op.name in _INSERTS:
+        return op.operands[1]
+    return None
+
+
 def _carried(loop: ir.Operation, j: int) -> ir.Value | None:
     """The initial value of ``loop``'s ``j``-th carried value, if every iteration yields it back (itself, or
     what casts and inserts made of it): then the carried value, and the loop's result, are that value."""
@@ -288,14 +296,10 @@ def _carried(loop: ir.Operation, j: int) -> ir.Value | None:
     value = list(body.operations)[-1].operands[j]
     while value != carried:
         owner = _defining_op(value)
-        if owner is None:
+        source = None if owner is None else _same_buffer_source(owner)
+        if source is None:
             return None
-        if owner.name in SHAPE_PRESERVING:
-            value = owner.operands[0]
-        elif owner.name in _INSERTS:
-            value = owner.operands[1]
-        else:
-            return None
+        value = source
     return loop.operands[3 + j]
 
 
