@@ -307,7 +307,7 @@ class _Generator:
             return [value]
         return [e.value(f"llvm.trunc {value} : i64 to {llvm_type}")]
 
-    def _check_ties(self) -> None:
+    def _check_shapes(self) -> None:
         """The compiled form of :meth:`ShapeRules.check`'s ties (dims that must be equal, or a constant) and
         bounds (a dim that must reach a linear sum of others, unless one of those is empty)."""
         e = self.e
@@ -408,7 +408,7 @@ class _Generator:
         self.inputs = e.at(e.load("%argv", "!llvm.ptr"), LAYOUT.tuple_items)
         self.outputs = e.at(e.load("%argv", "!llvm.ptr", 8), LAYOUT.tuple_items)
         operands, types = self._operands(self.contracts)
-        self._check_ties()
+        self._check_shapes()
         self._check_overlaps()
         result_types = [r.element.llvm_type for r in self.results]
         if not result_types:
@@ -489,7 +489,7 @@ class _EntryGenerator:
         """Check every argument (the output, if any, is ``out=``), run the kernel and return the output or None."""
         g = self.g
         operands, types = g._operands(contracts)
-        g._check_ties()
+        g._check_shapes()
         g._check_overlaps()
         g._call_kernel(operands, types)
         if self.output is None:
@@ -513,7 +513,7 @@ class _EntryGenerator:
         g.sizes[output.index] = sizes
         if output.static_dims:
             e.check(e.all_of([e.icmp("eq", sizes[i], e.const(want)) for i, want in output.static_dims]))
-        g._check_ties()
+        g._check_shapes()
         g._check_overlaps(fresh=output.index)
         rank = len(sizes)
         dims = e.value(f"llvm.alloca {e.const(max(rank, 1))} x i64 : (i64) -> !llvm.ptr")

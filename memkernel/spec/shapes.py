@@ -399,11 +399,7 @@ class _Collector:
 
     def _arguments(self, values: Sequence[ir.Value]) -> list[int | None]:
         """The memref or tensor argument each of ``values`` is, with the same dims; None for anything else."""
-        found = []
-        for value in values:
-            arg = argument_of(value, self.entry)
-            found.append(arg if arg is not None and self.ranks[arg] is not None else None)
-        return found
+        return [view[0] if view is not None and view[1] is None else None for view in self._views(values)]
 
     def _views(self, values: Sequence[ir.Value]) -> list[tuple[int, tuple[int, ...] | None] | None]:
         """The memref or tensor argument each of ``values`` views, and its dims (see :func:`argument_view`)."""
@@ -469,7 +465,8 @@ class _Collector:
     def element(self, memory: ir.Value, indices: Sequence[ir.Value], nest: _LoopNest, reason: str,
                 shape: Sequence[int] = ()) -> None:
         """A load or store of ``memory`` at ``indices`` (of a vector of ``shape`` over its last dims): each
-        index that is a constant, or a loop's induction variable plus one, must lie inside its dim."""
+        index that is a constant, or a loop's induction variable plus a non-negative constant, must lie inside
+        its dim."""
         arg = self._arguments([memory])[0]
         if arg is None:
             return
@@ -594,20 +591,20 @@ _ELEMENT_ACCESSES = {"memref.load": 0, "tensor.extract": 0, "memref.store": 1, "
                      "vector.load": 0, "vector.store": 1}
 """Ops that read or write at indices, by the position of the memory operand (the indices follow it)."""
 
+_SLICES = {"memref.subview": 0, "tensor.extract_slice": 0, "tensor.insert_slice": 1}
+"""Ops that take a slice at static or dynamic positions, by the position of the sliced operand."""
+
 
 def _accesses(collector: _Collector, op: ir.Operation, function: ir.Operation, reason: str) -> None:
     """What a slice at constant positions, or a load or store at constant positions or loop indices, asks of
     its operand's dims."""
-    if op.name not in _ELEMENT_ACCESSES and op.name not in ("memref.subview", "tensor.extract_slice",
-                                                             "tensor.insert_slice"):
+    if op.name not in _ELEMENT_ACCESSES and op.name not in _SLICES:
         return
     nest = _LoopNest.around(op, function, collector)
     if nest is None:
         return
-    if op.name in ("memref.subview", "tensor.extract_slice"):
-        collector.slice(op, op.operands[0], nest, reason)
-    elif op.name == "tensor.insert_slice":
-        collector.slice(op, op.operands[1], nest, reason)
+    if op.name in _SLICES:
+        collector.slice(op, op.operands[_SLICES[op.name]], nest, reason)
     else:
         position = _ELEMENT_ACCESSES[op.name]
         memory = op.operands[position]
