@@ -4,7 +4,10 @@ where and by how much they differ.
 Integers and bools compare exactly. Floats (and complex numbers) compare with
 ``|kernel - reference| <= atol + rtol * |reference|`` and default tolerances
 that follow the dtype (:func:`default_tolerance`), or in units in the last
-place with ``ulps=``. NaNs in the same places are equal.
+place with ``ulps=``. NaNs in the same places are equal. Where a reference
+function's float value is not within ``rtol``/``atol``, :func:`assert_matches`
+judges it again against the reference run in float64, allowing on top the
+rounding error of sums of products (:mod:`memkernel.testing.rounding`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import numpy as np
 from ..kernel import Kernel
 from ..spec.contract import BufferContract
 from .copies import layout_copies, layout_copy
+from .rounding import COPIES, Rounding, reference_arguments, rounding, unit_roundoff
 
 # (rtol, atol) by float dtype; 8-bit floats get two units of their precision (see default_tolerance).
 _FLOAT_TOLERANCES = {
@@ -34,23 +38,18 @@ def _exact(dtype: np.dtype) -> bool:
     return dtype.kind in "biu"
 
 
-def _eps_of_byte_float(dtype: np.dtype) -> float:
-    """The gap between 1 and the next value of an 8-bit float type."""
-    values = np.arange(256, dtype=np.uint8).view(dtype).astype(np.float64)
-    return float(values[np.isfinite(values) & (values > 1)].min() - 1)
-
-
 def default_tolerance(dtype: np.dtype) -> tuple[float, float]:
     """The default ``(rtol, atol)`` for values of ``dtype``: exact (0, 0) for integers and bools;
     1e-12 for float64, (1e-5, 1e-6) for float32, (1e-2, 1e-3) for float16, (2e-2, 1e-2) for bfloat16,
-    twice the precision for the 8-bit floats; complex numbers take their components' tolerance."""
+    twice the precision (the gap above 1) for the 8-bit floats; complex numbers take their components'
+    tolerance. :func:`assert_matches` may allow the rounding of sums of products on top."""
     dtype = np.dtype(dtype)
     if _exact(dtype):
         return 0.0, 0.0
     dtype = _COMPONENT.get(dtype.name, dtype)
     if dtype.name in _FLOAT_TOLERANCES:
         return _FLOAT_TOLERANCES[dtype.name]
-    eps = 2 * _eps_of_byte_float(dtype)
+    eps = 4 * unit_roundoff(dtype)
     return eps, eps
 
 
@@ -137,28 +136,50 @@ def _errors(got: np.ndarray, want: np.ndarray, bad: np.ndarray) -> tuple[str, st
     return f"{diff.max():.3g}", f"{rel.max():.3g}"
 
 
+def _within(got: np.ndarray, want: np.ndarray, rtol: float, atol: float, extra: Any = 0.0) -> np.ndarray:
+    """Where ``got`` equals ``want`` (NaNs in the same places too) or is within
+    ``atol + rtol * |want| + extra`` of it."""
+    wide = np.complex128 if got.dtype.kind == "c" else np.float64
+    g, w = got.astype(wide), want.astype(wide)
+    with np.errstate(invalid="ignore", over="ignore"):
+        same = (g == w) | (np.isnan(g) & np.isnan(w))
+        close = np.isfinite(g) & np.isfinite(w) & (np.abs(g - w) <= atol + rtol * np.abs(w) + extra)
+    return np.asarray(same | close)
+
+
 def _mismatches(got: np.ndarray, want: np.ndarray, tolerance: Tolerance) -> tuple[np.ndarray, str]:
     """Where ``got`` and ``want`` (same dtype and shape) differ, and a note on the comparison."""
     if _exact(got.dtype):
         return np.asarray(got != want), tolerance.describe(got.dtype)
+    if tolerance.ulps is None:
+        return ~_within(got, want, *tolerance.of(got.dtype)), tolerance.describe(got.dtype)
     wide = np.complex128 if got.dtype.kind == "c" else np.float64
     g, w = got.astype(wide), want.astype(wide)
     with np.errstate(invalid="ignore", over="ignore"):
         same = (g == w) | (np.isnan(g) & np.isnan(w))
         finite = np.isfinite(g) & np.isfinite(w)
-        if tolerance.ulps is not None:
-            distance = _ulp_distance(np.array(got, order="C"), np.array(want, order="C"))
-            bad = ~(same | (finite & (distance <= tolerance.ulps)))
-            worst = distance[bad & finite].max() if (bad & finite).any() else 0
-            return bad, f"{tolerance.describe(got.dtype)}; max {worst:.3g} ulps"
-        rtol, atol = tolerance.of(got.dtype)
-        close = finite & (np.abs(g - w) <= atol + rtol * np.abs(w))
-    return ~(same | close), tolerance.describe(got.dtype)
+    distance = _ulp_distance(np.array(got, order="C"), np.array(want, order="C"))
+    bad = ~(same | (finite & (distance <= tolerance.ulps)))
+    worst = distance[bad & finite].max() if (bad & finite).any() else 0
+    return bad, f"{tolerance.describe(got.dtype)}; max {worst:.3g} ulps"
 
 
-def difference(label: str, got: Any, want: Any, tolerance: Tolerance) -> str | None:
+def _described(label: str, got: np.ndarray, want: np.ndarray, bad: np.ndarray, note: str,
+               allowed: np.ndarray | None = None) -> str:
+    index = tuple(int(i) for i in np.argwhere(bad)[0])
+    absolute, relative = _errors(got, want, bad)
+    limit = "" if allowed is None else f", allowed error {allowed[index]:.3g}"
+    return (f"  {label} differs from the reference in {int(bad.sum())} of {bad.size} elements\n"
+            f"    first mismatch at index {index}: kernel {got[index]!s}, reference {want[index]!s}{limit}\n"
+            f"    max abs error {absolute}, max rel error {relative} ({note})")
+
+
+def difference(label: str, got: Any, want: Any, tolerance: Tolerance,
+               bound: Rounding | str | None = None) -> str | None:
     """How ``got`` (the kernel's value) differs from ``want`` (the reference's), in words; None if
-    they match."""
+    they match. With a :class:`~memkernel.testing.rounding.Rounding` ``bound``, an element that is
+    not within tolerance of ``want`` may still be within tolerance plus the rounding bound of the
+    reference in float64 (and is then reported against that); a string ``bound`` says why there is none."""
     if got is None or want is None:
         return None if got is None and want is None else (
             f"  {label}: the kernel gave {_text(got)} but the reference {_text(want)}")
@@ -170,11 +191,16 @@ def difference(label: str, got: Any, want: Any, tolerance: Tolerance) -> str | N
     bad, note = _mismatches(g, w, tolerance)
     if not bad.any():
         return None
-    index = tuple(int(i) for i in np.argwhere(bad)[0])
-    absolute, relative = _errors(g, w, bad)
-    return (f"  {label} differs from the reference in {int(bad.sum())} of {bad.size} elements\n"
-            f"    first mismatch at index {index}: kernel {g[index]!s}, reference {w[index]!s}\n"
-            f"    max abs error {absolute}, max rel error {relative} ({note})")
+    if isinstance(bound, str):
+        return _described(label, g, w, bad, f"{note}; no rounding bound: {bound}")
+    if bound is None:
+        return _described(label, g, w, bad, note)
+    rtol, atol = tolerance.of(g.dtype)
+    bad &= ~_within(g, bound.exact, rtol, atol, bound.allowed)
+    if not bad.any():
+        return None
+    note += f" and the rounding of sums of up to {bound.terms} terms, against the reference in float64"
+    return _described(label, g, bound.exact, bad, note, atol + rtol * np.abs(bound.exact) + bound.allowed)
 
 
 def describe_arguments(names: Sequence[str], values: Sequence[Any]) -> str:
@@ -224,7 +250,11 @@ def bind(kernel: Kernel, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[
 def assert_equal_values(header: str, labels: Sequence[str], got: Sequence[Any], want: Sequence[Any],
                         tolerance: Tolerance) -> None:
     """Raise an AssertionError with ``header`` and every value of ``got`` that differs from ``want``."""
-    found = [d for label, g, w in zip(labels, got, want) if (d := difference(label, g, w, tolerance))]
+    _report(header, [difference(label, g, w, tolerance) for label, g, w in zip(labels, got, want)])
+
+
+def _report(header: str, differences: Sequence[str | None]) -> None:
+    found = [d for d in differences if d]
     if found:
         raise AssertionError(header + "\n" + "\n".join(found))
 
@@ -243,31 +273,93 @@ def assert_matches(kernel: Kernel, reference: Callable[..., Any] | Any, *args: A
 
     Integers and bools must be equal; floats within ``rtol``/``atol`` (defaults
     by dtype: :func:`default_tolerance`), or within ``ulps`` units in the last
-    place when given; NaNs in the same places are equal.
+    place when given; NaNs in the same places are equal. Where a float value
+    is not within ``rtol``/``atol`` of a reference function's value, the
+    function is called three more times, on float64 (or complex128) copies of
+    the float arguments, on their magnitudes and on ones, and an element also
+    passes within ``rtol``/``atol`` plus ``γ(n)·Σ|terms|`` of the float64
+    value: the rounding error of a sum of ``n`` products (the function on ones)
+    of total magnitude ``Σ|terms|`` (the function on the magnitudes), in the
+    kernel's type and in any order (see :mod:`memkernel.testing.rounding`). So
+    a correct float32 matmul of standard-normal inputs passes however its sums
+    are ordered, and one that drops or doubles a term of typical size does not.
 
     Raises AssertionError naming the kernel, the arguments' shapes and dtypes
     and, for each value that differs (``output 'out'``, ``result 0``...), the
-    first mismatching index, the two values there, the maximum absolute and
-    relative error and how many elements differ; or that the shapes, dtypes or
-    number of values differ.
+    first mismatching index, the two values there (and the error allowed there,
+    against the reference in float64), the maximum absolute and relative error
+    and how many elements differ; or that the shapes, dtypes or number of
+    values differ.
     """
     copies = layout_copies(args)
     kw_copies = {k: layout_copy(v) for k, v in kwargs.items() if k != "out"}
+    # What the arguments were before the call, for the reference's further calls (the kernel and the
+    # reference may both write theirs).
+    originals = None
+    if callable(reference):
+        originals = layout_copies(args), {k: layout_copy(v) for k, v in kw_copies.items()}
     returned = kernel(*args, **kwargs)
     bound = bind(kernel, args, kwargs)
     header = f"{kernel.spec.name}(): the kernel does not match the reference\n  arguments: " + describe_arguments(
         list(bound), list(bound.values()))
     labels, got = compared_values(kernel, returned, bound)
-    want = reference(*copies, **kw_copies) if callable(reference) else reference
-    if want is None and callable(reference) and not returned_labels(kernel):
-        expected = compared_values(kernel, None, bind(kernel, copies, kw_copies))[1]
+    if callable(reference):
+        want, expected = _expected(kernel, reference, labels, copies, kw_copies)
     else:
-        expected = split_returned(labels, want) if labels else []
+        want, expected = reference, split_returned(labels, reference) if labels else []
     if expected is None or got is None:
         raise AssertionError(f"{header}\n  the kernel gives {len(labels)} values ({', '.join(labels)}) but the "
                              f"reference gave {_count(want)}")
-    assert_equal_values(header, labels, got, expected, Tolerance(rtol, atol, ulps))
+    tolerance = Tolerance(rtol, atol, ulps)
+    found = [difference(label, g, w, tolerance) for label, g, w in zip(labels, got, expected)]
+    if originals is not None and tolerance.ulps is None and any(d and _is_float(g) for d, g in zip(found, got)):
+        bounds = _rounding_bounds(kernel, reference, labels, got, *originals)
+        found = [d and difference(label, g, w, tolerance, b)
+                 for d, label, g, w, b in zip(found, labels, got, expected, bounds)]
+    _report(header, found)
     return returned
+
+
+def _is_float(value: Any) -> bool:
+    return value is not None and not _exact(np.asarray(value).dtype)
+
+
+def _expected(kernel: Kernel, reference: Callable[..., Any], labels: list[str], args: tuple[Any, ...],
+              kwargs: dict[str, Any]) -> tuple[Any, list[Any] | None]:
+    """What ``reference`` returns on ``args``, and it as one value per label (for a kernel that returns
+    nothing and a reference that returns None: the arguments it updated in place); None if it does not fit."""
+    want = reference(*args, **kwargs)
+    if want is None and not returned_labels(kernel):
+        return want, compared_values(kernel, None, bind(kernel, args, kwargs))[1]
+    return want, split_returned(labels, want) if labels else []
+
+
+def _rounding_bounds(kernel: Kernel, reference: Callable[..., Any], labels: list[str], got: list[Any],
+                     args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Rounding | str | None]:
+    """Per value, the rounding bound from the reference on float64 copies of ``args``, their magnitudes
+    and ones; or why there is none; None for an integer value."""
+    evaluations = []
+    for copies in COPIES:
+        try:
+            positional, keywords = reference_arguments(kernel, args, kwargs, copies)
+            with np.errstate(all="ignore"):
+                want, values = _expected(kernel, reference, labels, positional, keywords)
+        except Exception as error:  # noqa: BLE001 (any failure of the reference leaves the plain tolerance)
+            said = str(error).splitlines()[0] if str(error) else "no message"
+            return [f"the reference raised {type(error).__name__} on {copies} of the arguments: {said}"] * len(got)
+        if values is None:
+            return [f"on {copies} of the arguments the reference gave {_count(want)}"] * len(got)
+        evaluations.append(values)
+    bounds: list[Rounding | str | None] = []
+    for g, results in zip(got, zip(*evaluations)):
+        if not _is_float(g):
+            bounds.append(None)
+            continue
+        try:
+            bounds.append(rounding(np.asarray(g), *results))
+        except ValueError as error:
+            bounds.append(str(error))
+    return bounds
 
 
 def compared_values(kernel: Kernel, returned: Any, bound: dict[str, Any]) -> tuple[list[str], list[Any] | None]:

@@ -3,7 +3,9 @@
 :func:`check_equivalent` runs hypothesis inside: it draws arguments with
 :func:`~memkernel.testing.strategies.arguments`, calls both kernels on
 independent copies, and compares what they return (and the inputs they write)
-with :func:`~memkernel.testing.compare.assert_matches`'s rules. Hypothesis
+with :func:`~memkernel.testing.compare.assert_matches`'s elementwise
+tolerances; there is no float64 reference to add a rounding bound to, and the
+default draws (multiples of 1/8) keep sums exact in any order. Hypothesis
 shrinks a failure to a small example, which the error shows.
 """
 
@@ -79,7 +81,8 @@ def check_equivalent(a: Kernel, b: Kernel | str, *, name: str | None = None, exa
     <memkernel.testing.arguments>`; each kernel is called on its own copies of
     them (views keep their layout), and what they return, and the inputs either
     may write, are compared with :func:`~memkernel.testing.assert_matches`'s
-    rules (``rtol``, ``atol``, ``ulps``). Hypothesis runs ``examples`` examples
+    elementwise tolerances (``rtol``, ``atol``, ``ulps``; no rounding bound, as
+    the default draws sum exactly). Hypothesis runs ``examples`` examples
     (no example database, no deadline).
 
     Raises SignatureError (a TypeError) if the signatures differ, and

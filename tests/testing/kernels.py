@@ -119,3 +119,20 @@ func.func @copy(%a: {memref}, %out: {memref}) {{
   return
 }}
 """
+
+# Returns its first argument and ignores the others: the tests hand it the values a (correct or buggy)
+# matmul of a and b would give, and judge them against np.matmul(a, b).
+GIVEN = """
+func.func @given(%x: memref<?x?xf32>, %a: memref<?x?xf32>, %b: memref<?x?xf32>, %out: memref<?x?xf32>) {
+  linalg.copy ins(%x : memref<?x?xf32>) outs(%out : memref<?x?xf32>)
+  return
+}
+"""
+
+# y += a @ x, in place.
+MATVEC_IN_PLACE = """
+func.func @matvec(%a: memref<?x?xf32>, %x: memref<?xf32>, %y: memref<?xf32>) {
+  linalg.matvec ins(%a, %x : memref<?x?xf32>, memref<?xf32>) outs(%y : memref<?xf32>)
+  return
+}
+"""
