@@ -88,7 +88,7 @@ class _Server:
             return None
         if kind == "define":
             _, token, definition = message
-            kernel = definition.build()
+            kernel = Kernel(definition.stand_in(), definition.options)  # in process, output capture off
             kernel.compile()
             self.kernels[token] = kernel
             return None

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..kernel import Kernel
-from ..spec.contract import BufferContract
+from ..model.contract import BufferContract
 from .copies import layout_copies, layout_copy
 
 # (rtol, atol) by float dtype; 8-bit floats get two units of their precision (see default_tolerance).
