@@ -10,7 +10,7 @@ LLVM 22 lowering of ``i1`` loads and stores aborts the process) and, when the
 module does arithmetic on small float types (f8, f6, f4), adds
 ``convert-arith-to-apfloat``.
 
-``"fast"`` first applies the transform strategies of :mod:`memkernel.presets`.
+``"fast"`` first applies the transform strategies of :mod:`memkernel.compile.presets`.
 ``pipeline=`` may instead name a pass pipeline of the user's; it runs as given.
 
 A module that carries its own transform-dialect schedule (a
@@ -110,7 +110,7 @@ _POST = (
 
 @dataclass(frozen=True)
 class Pipeline:
-    """A preset name (see :mod:`memkernel.presets`), or the user's own pass pipeline text.
+    """A preset name (see :mod:`memkernel.compile.presets`), or the user's own pass pipeline text.
 
     ``schedule`` is where the module's own transform schedule is applied (see :data:`~memkernel.options.SCHEDULES`).
     ``checked`` adds MLIR's runtime verification (``generate-runtime-verification``):

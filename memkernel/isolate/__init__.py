@@ -9,7 +9,7 @@ call in a worker process:
 - Arrays cross through shared memory (a ``memfd`` both processes map): each
   is copied in once, and what the kernel may write is copied back into the
   caller's arrays, views and strided ``out=`` included (see
-  :mod:`memkernel.isolate.call`); returned memrefs come back as arrays.
+  :mod:`memkernel.isolate.run`); returned memrefs come back as arrays.
 - A crash of the kernel (SIGSEGV, SIGBUS, SIGABRT, SIGILL, SIGFPE, or the
   worker exiting) raises :class:`~memkernel.errors.KernelCrashed` with the
   signal, the call and the worker's last lines on stderr; ``timeout=``
@@ -44,7 +44,7 @@ from ..call.invoker import Invoker
 from ..errors import OptionError, SignatureError
 from ..model.kernel_spec import KernelSpec
 from ..options import KernelOptions
-from .call import IsolatedRun
+from .run import IsolatedRun
 
 
 ENVIRONMENT = "MEMKERNEL_ISOLATE"
@@ -87,7 +87,7 @@ def wanted(isolate: bool | None, callbacks: Mapping[str, Any], timeout: float | 
 
 def invoker(spec: KernelSpec, options: KernelOptions, function: Callable[..., Any]) -> Invoker:
     """Kernel ``spec``'s call (made with ``options`` from the Python ``function``), running in the worker:
-    the usual binding of arguments and ``out=``, then :class:`~memkernel.isolate.call.IsolatedRun`. Nothing is
+    the usual binding of arguments and ``out=``, then :class:`~memkernel.isolate.run.IsolatedRun`. Nothing is
     compiled in this process."""
     run = IsolatedRun(spec, options, function)
     return Invoker.running(spec, run.allocator, run)

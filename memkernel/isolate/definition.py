@@ -35,7 +35,7 @@ class Results(NamedTuple):
     """A call's results as they cross: each item, and the bytes of the arrays copied out of the worker's memory.
 
     Arrays the kernel returned in its own memory cross as the bytes they span,
-    laid out by a :class:`~memkernel.shared.Layout`: each keeps its strides,
+    laid out by a :class:`~memkernel.isolate.shared.Layout`: each keeps its strides,
     and results that share a buffer in the worker share one in the caller.
     """
 

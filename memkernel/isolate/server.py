@@ -1,7 +1,7 @@
 """The worker process: rebuilds kernels from their definitions and calls them on shared memory.
 
 Started by :mod:`memkernel.isolate.process` as ``python -m
-memkernel.isolate.worker FD PARENT``. It makes its C stdout unbuffered (what a
+memkernel.isolate.server FD PARENT``. It makes its C stdout unbuffered (what a
 kernel prints must be in the file before a crash), dies with its parent, and
 answers requests on the socket ``FD`` until the caller closes it:
 
