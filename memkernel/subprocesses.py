@@ -18,15 +18,17 @@ PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SAFE_BOOTSTRAP = """import os, sys
 sys.path[:] = [p for p in sys.path if p not in ("", ".", os.getcwd())]
+if sys.argv[1] not in sys.path:
+    sys.path.insert(0, sys.argv[1])
 """
 """The start of a worker's program: the caller's folder off the path (a ``numpy.py`` there must not run in
-the worker)."""
+the worker), then this memkernel's folder (``sys.argv[1]``) first on it, unless it is on it already."""
 
 
 def worker_command(program: str, *arguments: str) -> list[str]:
     """The command line of a worker that runs ``program`` (after :data:`SAFE_BOOTSTRAP`) with ``arguments``
-    (``sys.argv[1:]``)."""
-    return [sys.executable, *SAFE_PATH, "-c", SAFE_BOOTSTRAP + program, *arguments]
+    (``sys.argv[2:]``)."""
+    return [sys.executable, *SAFE_PATH, "-c", SAFE_BOOTSTRAP + program, PACKAGE_ROOT, *arguments]
 
 
 def appending_file() -> IO[bytes]:

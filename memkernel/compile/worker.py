@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any, TypeVar
 
 from ..errors import CompileError
-from ..subprocesses import PACKAGE_ROOT, appending_file, last, last_lines, worker_command
+from ..subprocesses import appending_file, last, last_lines, worker_command
 
 T = TypeVar("T")
 
@@ -48,12 +48,9 @@ TAIL_LINES = 20
 
 _TAIL_BYTES = 64 << 10
 _REPLIED_BYTES = 4 << 20
-_PROGRAM = """if sys.argv[1] not in sys.path:
-    sys.path.insert(0, sys.argv[1])
-from memkernel.compile.worker import main
+_PROGRAM = """from memkernel.compile.worker import main
 main()"""
-"""The worker's program: this memkernel (its folder first on the path only if it is not on it already), then
-:func:`main`."""
+"""The worker's program (after the safe bootstrap of :mod:`memkernel.subprocesses`)."""
 
 
 class _Died(Exception):
@@ -69,7 +66,7 @@ def _spawn(options: tuple[str, ...], stderr: IO[bytes]) -> subprocess.Popen[byte
     """Start a worker process that sets LLVM ``options``, in the caller's environment (LLVM's crash
     handler kept from looking for a symbolizer)."""
     environment = {**os.environ, "LLVM_DISABLE_SYMBOLIZATION": "1", "LLVM_DISABLE_CRASH_REPORT": "1"}
-    return subprocess.Popen(worker_command(_PROGRAM, PACKAGE_ROOT, *options), stdin=subprocess.PIPE,
+    return subprocess.Popen(worker_command(_PROGRAM, *options), stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=stderr, start_new_session=True, env=environment)
 
 

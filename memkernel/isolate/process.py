@@ -1,7 +1,7 @@
 """The caller's side of the worker process: start it, talk to it, notice that it died, echo what it printed.
 
 One worker serves every isolated kernel of the process, one call at a time.
-It is a fresh Python (``python -m memkernel.isolate.server``), started at the
+It is a fresh Python running :func:`memkernel.isolate.server.serve`, started at the
 first isolated call and again after a crash or a timeout, in a session of its
 own (a Ctrl-C in the terminal reaches the caller, which then ends the
 worker). Its descriptors 1 and 2 go to files opened for appending; after
@@ -49,7 +49,7 @@ class WorkerTimedOut(Exception):
 
 
 _PROGRAM = """from memkernel.isolate.server import serve
-serve(int(sys.argv[1]), int(sys.argv[2]))"""
+serve(int(sys.argv[2]), int(sys.argv[3]))"""
 """The worker's program (after the safe bootstrap of :mod:`memkernel.subprocesses`)."""
 
 
