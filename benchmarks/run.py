@@ -42,7 +42,8 @@ from mlir.runtime.np_to_memref import get_ranked_memref_descriptor
 
 from memkernel import mlir_kernel
 from memkernel.compile import pipeline
-from memkernel.compile.libraries import find_library
+from memkernel.load.libraries import find_library
+from memkernel.options import ASYNC_RUNTIME
 
 ADD = """func.func @{name}(%a: memref<?xf32>, %b: memref<?xf32>, %c: memref<?xf32>) {{
   linalg.add ins(%a, %b : memref<?xf32>, memref<?xf32>) outs(%c : memref<?xf32>)
@@ -576,7 +577,7 @@ def parallel_rows(settings: Settings) -> list[Row]:
     x = np.linspace(-1, 1, EXP_SIDE * EXP_SIDE, dtype=np.float32).reshape(EXP_SIDE, EXP_SIDE)
     y = np.zeros_like(x)
     serial = mlir_kernel(EXP_EXP)(lambda x: None)
-    runtime = find_library(pipeline.ASYNC_RUNTIME) is not None
+    runtime = find_library(ASYNC_RUNTIME) is not None
     threaded = mlir_kernel(EXP_EXP, parallel=True)(lambda x: None) if runtime else None
     cases = [
         Case("memkernel exp(exp(x)), serial", lambda: serial(x, out=y), y),
@@ -602,7 +603,7 @@ def parallel_matmul_rows(settings: Settings) -> list[Row]:
     base = "memkernel memref<?x?xf32>, pipeline=fast, serial (base)"
     variant = f"memkernel memref<?x?xf32>, pipeline=fast, parallel=True ({workers} workers)"
     blas = f"np.matmul(a, b, out=c), {workers} OpenBLAS threads"
-    if find_library(pipeline.ASYNC_RUNTIME) is None:  # the table keeps its rows
+    if find_library(ASYNC_RUNTIME) is None:  # the table keeps its rows
         return [not_installed(benchmark, name) for name in (base, variant, blas, variant)]
     a, b, c = matmul_arrays(size, size, size, np.float32, NUMPY_OFFSET)
     blas_out = c.copy()

@@ -46,9 +46,11 @@ from mlir import ir, passmanager
 from . import display
 from .errors import MemkernelError
 from .kernel import Kernel, mlir_kernel
-from .spec.shapes import Dim, argument_of, structured_names, unconditional
-from .spec.signature import ArgSpec, MemRefSpec, ScalarSpec, Signature, UnrankedSpec, read_signature
-from .spec.source import MLIR_LOCK, ParsedSource, parse_source
+from .analysis.shapes import argument_of, structured_names, unconditional
+from .model.shapes import Dim
+from .analysis.types import read_signature
+from .model.signature import ArgSpec, MemRefSpec, ScalarSpec, Signature, UnrankedSpec
+from .analysis.source import MLIR_LOCK, ParsedSource, parse_source
 
 
 class CommandLineError(MemkernelError, ValueError):

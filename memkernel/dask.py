@@ -35,10 +35,10 @@ import numpy as np
 from mlir import ir, passmanager
 
 from .errors import ArgumentError, ChunkingError, ShapeError
-from .pickling import reduce_by_value, resolves_by_name
-from .spec.shapes import SHAPE_PRESERVING, argument_of
-from .spec.signature import MemRefSpec, ScalarSpec
-from .spec.source import MLIR_LOCK, parse_source
+from .pickling import resolves_by_name
+from .analysis.shapes import SHAPE_PRESERVING, argument_of
+from .model.signature import MemRefSpec, ScalarSpec
+from .analysis.source import MLIR_LOCK, parse_source
 
 if TYPE_CHECKING:
     from .kernel import Kernel
@@ -218,7 +218,7 @@ class _ByValue:
         self.kernel = kernel
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return reduce_by_value(self.kernel)
+        return self.kernel.reduce_by_value()
 
 
 def _kernel_of(carried: Any) -> Kernel:

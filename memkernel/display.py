@@ -12,14 +12,28 @@ sources are full of ``<`` and ``>``.
 from __future__ import annotations
 
 from html import escape
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-from .spec.analysis import KernelSpec
-from .spec.shapes import Dim
-from .spec.signature import ArgSpec, MemRefSpec, ScalarSpec
+from .model.kernel_spec import KernelSpec
+from .model.shapes import Dim
+from .model.signature import ArgSpec, MemRefSpec, ScalarSpec
+from .options import KernelOptions
 
-if TYPE_CHECKING:
-    from .kernel import Kernel, KernelOptions
+
+class Shown(Protocol):
+    """What the table reads of a :class:`~memkernel.kernel.Kernel`."""
+
+    spec: KernelSpec
+    options: KernelOptions
+
+    @property
+    def compiled(self) -> bool: ...
+
+    @property
+    def compile_seconds(self) -> float | None: ...
+
+    @property
+    def invoker(self) -> Any: ...
 
 _HEADERS = ("argument", "MLIR type", "dtype", "shape", "tied to", "role")
 
@@ -167,7 +181,7 @@ def _argument_rows(spec: KernelSpec) -> list[str]:
     return rows
 
 
-def compile_state(kernel: Kernel) -> str:
+def compile_state(kernel: Shown) -> str:
     """``compiled in 12.3 ms (fast path)`` or ``not compiled yet ...``."""
     if not kernel.compiled:
         return "not compiled yet (at the first call, or kernel.compile())"
@@ -185,11 +199,11 @@ def pipeline_text(options: KernelOptions) -> str:
     return ", ".join(parts)
 
 
-def _facts(kernel: Kernel) -> list[tuple[str, str]]:
+def _facts(kernel: Shown) -> list[tuple[str, str]]:
     return [("pipeline", pipeline_text(kernel.options)), ("state", compile_state(kernel))]
 
 
-def kernel_html(kernel: Kernel) -> str:
+def kernel_html(kernel: Shown) -> str:
     """The kernel as an HTML table (see the module docstring)."""
     spec = kernel.spec
     head = "".join(f"<th>{escape(h)}</th>" for h in _HEADERS)

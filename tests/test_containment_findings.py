@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from memkernel import KernelAssertionError, KernelTimeout, mlir_kernel
-from memkernel.compile import cache
+from memkernel.load import cache
 
 from .kernels import WAIT_FOR_FLAG
 

@@ -306,9 +306,10 @@ _counts: dict[str, int] = {}
 
 def count_compiles() -> None:
     """In a worker: count the kernels it compiles and the ones it loads from the disk cache."""
+    import memkernel.compile.build as building
     import memkernel.kernel as module
 
-    compile_function, load_function = module.compile_function, module.load_function
+    compile_function, load_function = building.compile_function, module.load_function
 
     def counted(name: str, function: Any) -> Any:
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -318,7 +319,7 @@ def count_compiles() -> None:
         return call
 
     _counts.clear()
-    module.compile_function = counted("compiled", compile_function)  # type: ignore[assignment]
+    building.compile_function = counted("compiled", compile_function)  # type: ignore[assignment]
     module.load_function = counted("loaded", load_function)  # type: ignore[assignment]
 
 

@@ -624,11 +624,11 @@ def test_output_shape_hint_names_every_output_when_there_are_several():
 
 
 def test_f8_arithmetic_without_the_runtime_libraries_names_the_missing_routines(monkeypatch):
-    import memkernel.compile.libraries
+    import memkernel.load.libraries
 
     # As without memkernel[runtime]: no library, and not the process either (an earlier test
     # may have loaded the APFloat routines into it), defines them.
-    monkeypatch.setattr(memkernel.compile.libraries, "_defines", lambda path, symbol: False)
+    monkeypatch.setattr(memkernel.load.libraries, "_defines", lambda path, symbol: False)
     source = """func.func @k(%a: f8E4M3FN, %b: f8E4M3FN) -> f8E4M3FN {
   %s = arith.addf %a, %b : f8E4M3FN
   return %s : f8E4M3FN

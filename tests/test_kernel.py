@@ -9,6 +9,7 @@ import threading
 import numpy as np
 import pytest
 
+import memkernel.compile.build
 import memkernel.kernel
 from memkernel import ArgumentError, Kernel, SignatureError, mlir_kernel
 
@@ -119,13 +120,13 @@ func.func @scaled(%x: memref<4xf32>, %y: memref<4xf32>) {
 
 def test_compile_runs_once_for_concurrent_first_calls(monkeypatch):
     calls = []
-    real = memkernel.kernel.compile_function
+    real = memkernel.compile.build.compile_function
 
     def counting(*args, **kwargs):
         calls.append(threading.get_ident())
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(memkernel.kernel, "compile_function", counting)
+    monkeypatch.setattr(memkernel.compile.build, "compile_function", counting)
     kernel = mlir_kernel(elementwise("arith.addf", "memref<?xf32>", "f32", 1), name="k", cache=False)(
         lambda a, b: None)
     x = np.arange(100, dtype=np.float32)
@@ -150,7 +151,7 @@ def test_compile_forces_compilation_and_returns_the_kernel(monkeypatch):
     kernel = mlir_kernel(elementwise("arith.mulf", "memref<?xf32>", "f32", 1), name="k", cache=False)(
         lambda a, b: None)
     assert kernel.compile() is kernel
-    monkeypatch.setattr(memkernel.kernel, "compile_function", None)  # a second compile would fail
+    monkeypatch.setattr(memkernel.compile.build, "compile_function", None)  # a second compile would fail
     np.testing.assert_array_equal(kernel(np.full(3, 2.0, np.float32), np.full(3, 3.0, np.float32)), 6.0)
 
 

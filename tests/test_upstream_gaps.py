@@ -18,9 +18,10 @@ from memkernel import mlir_kernel
 from memkernel.compile.engine import compile_function, lowered_text
 from memkernel.compile.pipeline import parse_pipeline
 from memkernel.errors import CompileError, SignatureError
-from memkernel.spec.dtypes import element_type
-from memkernel.spec.signature import ScalarSpec, Signature, read_signature
-from memkernel.spec.source import MLIR_LOCK, parse_source
+from memkernel.analysis.types import element_type
+from memkernel.analysis.types import read_signature
+from memkernel.model.signature import ScalarSpec, Signature
+from memkernel.analysis.source import MLIR_LOCK, parse_source
 
 # -- transform schedules in the module -------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """Shaping and allocating the output arguments a call does not pass.
 
 A static dim comes from the memref type. A ``?`` dim comes, in order, from the
-input dim the kernel ties it to (see :mod:`memkernel.spec.shapes`), from the
+input dim the kernel ties it to (see :mod:`memkernel.analysis.shapes`), from the
 shape the decorated Python function returns, or from the inputs that have the
 same memref shape pattern when they all agree. Whatever gives the shape, the
 call then checks the outputs against the same ties as the inputs.
@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import AllocationError, ShapeError
-from ..spec.analysis import KernelSpec
-from ..spec.shapes import Dim
-from ..spec.signature import MemRefSpec, UnrankedSpec
+from ..model.kernel_spec import KernelSpec
+from ..model.shapes import Dim
+from ..model.signature import MemRefSpec, UnrankedSpec
 
 _NOT_CALLED = object()
 
@@ -81,6 +81,8 @@ class OutputAllocator:
             tuple(j for j, input_spec in inputs if isinstance(spec, MemRefSpec) and input_spec.same_pattern(spec))
             for _, spec in self.outputs
         )
+        self.shaped_in_python = any(static is None and tied is None for static, tied in zip(self._static, self._tied))
+        """Whether an output's shape may have to come from the Python function (neither static nor tied)."""
 
     def allocate_all(self, values: Sequence[Any]) -> tuple[Any, ...]:
         """New zeroed arrays for every output (the call gave no ``out=``); one output is the quick case."""

@@ -1,8 +1,8 @@
 """Per-argument binders: the checked path's side of each argument's contract.
 
 A binder is built once per kernel argument from its
-:class:`~memkernel.spec.contract.BufferContract` or
-:class:`~memkernel.spec.contract.ScalarContract`. A call runs it in two
+:class:`~memkernel.model.contract.BufferContract` or
+:class:`~memkernel.model.contract.ScalarContract`. A call runs it in two
 steps: :meth:`Binder.check` converts the Python value once (a sequence to an
 array, a number to its bits) and checks it against the contract, or raises the
 error that explains what is wrong; :meth:`Binder.pack` turns the checked value
@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import ArgumentError, ShapeError, ValueRangeError
-from ..spec.contract import BufferContract, Contract, ScalarContract
-from ..spec.dtypes import ElementType, describe_dtype, dtype_expression
+from ..model.contract import BufferContract, Contract, ScalarContract
+from ..model.dtypes import ElementType, describe_dtype, dtype_expression
 from . import descriptors, scalars
 from .descriptors import contiguous_strides, data_pointer, element_strides
 

@@ -41,13 +41,11 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
-from mlir import ir
 
 from ..errors import CallbackError, SignatureError, ValueRangeError
 from .results import descriptor_array, read_descriptor
 from .scalars import ScalarValueError, encode
-from ..spec.signature import ArgSpec, MemRefSpec, ScalarSpec, Signature, UnrankedSpec, read_signature
-from ..spec.source import ParsedSource
+from ..model.signature import ArgSpec, MemRefSpec, ScalarSpec, Signature, UnrankedSpec
 
 T = TypeVar("T")
 
@@ -201,24 +199,14 @@ def _bind(kernel: str, name: str, signature: Signature, python: Callable[..., An
     return BoundCallback(f"_mlir_ciface_{name}", ctypes.CFUNCTYPE(restype, *argtypes)(trampoline))
 
 
-def declarations(parsed: ParsedSource) -> dict[str, ir.Operation]:
-    """Every ``func.func`` declaration (no body) of the source, by name, unread.
-
-    Only the declarations bound to callbacks have their signature read: one that
-    a library defines (``printMemrefVector4x4xf32`` on a memref of vectors) may
-    have types no callback could take, and one nothing calls is no concern.
-    """
-    return {ir.StringAttr(func.attributes["sym_name"]).value: func.operation for func in parsed.functions()
-            if len(func.regions[0].blocks) == 0}
-
-
-def bind_callbacks(parsed: ParsedSource, callbacks: Mapping[str, Callable[..., Any]],
+def bind_callbacks(declared: Mapping[str, Callable[[], Signature]], callbacks: Mapping[str, Callable[..., Any]],
                    pending: PendingErrors, *, kernel: str) -> dict[str, BoundCallback]:
     """Bind each named declaration; SignatureError for a name that is not declared.
 
+    ``declared`` maps each ``func.func`` declaration of the source to what reads its signature: only
+    those bound to callbacks are read (see :func:`memkernel.compile.decoration.declarations`).
     ``kernel`` is the kernel's name, for the messages of errors raised at a call.
     """
-    declared = declarations(parsed)
     bound = {}
     for name, python in callbacks.items():
         if name not in declared:
@@ -229,5 +217,5 @@ def bind_callbacks(parsed: ParsedSource, callbacks: Mapping[str, Callable[..., A
             )
         if not callable(python):
             raise SignatureError(f"callbacks: @{name} is bound to {python!r}, which is not callable.")
-        bound[name] = _bind(kernel, name, read_signature(declared[name]), python, pending)
+        bound[name] = _bind(kernel, name, declared[name](), python, pending)
     return bound

@@ -20,8 +20,8 @@ import numpy as np
 from .. import stdio
 from ..errors import ArgumentError
 from ..fastpath.builtin import FastFunction, entry_builtin
-from ..fastpath.emitter import FAST
-from ..spec.analysis import KernelSpec
+from ..fastpath.symbols import CallPath
+from ..model.kernel_spec import KernelSpec
 from .allocation import OutputAllocator
 from .plan import CallPlan
 
@@ -66,9 +66,8 @@ def with_output_capture(run: Run, mode: bool | None, may_print: bool) -> Run:
     return run_capturing_when_needed
 
 
-_PATHS: tuple[Literal["fast", "checked"] | None, ...] = (None, "fast", "checked")
-"""What :attr:`Invoker.last_path` reads from its path cell: 0 before any call, FAST (1), CHECKED (2)."""
-_CHECKED = 2
+_PATHS: dict[int, Literal["fast", "checked"]] = {CallPath.FAST: "fast", CallPath.CHECKED: "checked"}
+"""What :attr:`Invoker.last_path` reads from its path cell (0 before any call)."""
 
 
 class Invoker:
@@ -83,7 +82,7 @@ class Invoker:
     printed-output capture, callbacks, isolation, no fast path).
     """
 
-    def __init__(self, spec: KernelSpec, plan: CallPlan, fast: FastFunction | None, allocator: OutputAllocator,
+    def __init__(self, spec: KernelSpec, plan: CallPlan | None, fast: FastFunction | None, allocator: OutputAllocator,
                  wrap: Callable[[Run], Run]) -> None:
         self.spec = spec
         self.plan = plan
@@ -102,17 +101,32 @@ class Invoker:
         if fast is not None and fast.entry_address and self._run == self._fast_then_checked:
             self.entry = entry_builtin(spec.name, fast.entry_address, self.fallback, self._path)
 
+    @classmethod
+    def running(cls, spec: KernelSpec, allocator: OutputAllocator, run: Run) -> Invoker:
+        """An invoker whose calls, bound and with their outputs given, go to ``run`` (an isolated call): it has
+        neither a checked plan nor a fast path of its own."""
+        invoker = cls(spec, None, None, allocator, lambda _: run)
+        return invoker
+
     @property
     def last_path(self) -> Literal["fast", "checked"] | None:
         """``"fast"`` or ``"checked"``: the path the latest call took, in whichever thread; None before any.
 
         A call through the compiled entry records "fast" as the Python paths do.
         """
-        return _PATHS[int(self._path[0])]
+        return _PATHS.get(int(self._path[0]))
 
     def fallback(self, /, *args: Any, out: Any = None, **kwargs: Any) -> Any:
-        """Run ``kernel(*args, out=out, **kwargs)`` in Python: what the compiled entry does not take."""
-        return self(args, kwargs, out)
+        """Run ``kernel(*args, out=out, **kwargs)`` in Python: what the compiled entry declined.
+
+        A call the entry could bind and allocate for, it declined for a value, after the checks the fast
+        path makes: that call goes straight to the checked path, which explains or converts. One it declined
+        for its form (keywords, an output the Python function shapes) takes the whole way, fast path first.
+        """
+        if (kwargs or len(args) != self._arity or self._out_is_a_parameter
+                or (out is None and self._allocator.shaped_in_python)):
+            return self(args, kwargs, out)
+        return self._checked(args, self._no_outputs if out is None else self._given(out))
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
         """Call the kernel with ``kernel(*args, out=out, **kwargs)``."""
@@ -136,12 +150,13 @@ class Invoker:
             assert self.fast is not None
             results = self.fast(args, outputs)
             if results is not None:
-                self._path[0] = FAST
+                self._path[0] = CallPath.FAST
                 return self._assemble(outputs, results)
         return self._checked(args, given)
 
     def _checked(self, args: tuple[Any, ...], given: tuple[Any, ...]) -> Any:
-        self._path[0] = _CHECKED
+        self._path[0] = CallPath.CHECKED
+        assert self.plan is not None
         outputs, results = self.plan.call(args, given)
         return self._assemble(outputs, results)
 

@@ -23,10 +23,10 @@ from .allocation import OutputAllocator
 from .binders import Binder, CallState, ScalarBinder
 from .descriptors import align
 from .results import ResultReader
-from ..compile import assertions
+from ..load.guard import FRAME_SIZE, MESSAGE_OFFSET, location_line
 from ..errors import ArgumentError, CallDepthError, KernelAssertionError
-from ..spec.shapes import ShapeRules
-from ..spec.signature import ArgSpec
+from ..model.shapes import ShapeRules
+from ..model.signature import ArgSpec
 
 _WORD = 8
 _ENTRY = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
@@ -43,7 +43,7 @@ class _Frame:
     """One call's memory: ``args`` array, descriptor pointers, argument values, results."""
 
     def __init__(self, plan: CallPlan) -> None:
-        self.buffer = ctypes.create_string_buffer(plan.frame_size + assertions.FRAME_SIZE + 16)
+        self.buffer = ctypes.create_string_buffer(plan.frame_size + FRAME_SIZE + 16)
         self.address = ctypes.addressof(self.buffer)
         self.guard = align(self.address + plan.frame_size, 16)
         """Where a guarded call keeps its jmp_buf and the message of a failed assertion."""
@@ -203,7 +203,7 @@ class CallPlan:
             # arrays' values) or after it returned, and a failed assertion stopped it after its writes.
             state.finish()
         if failed is not None:
-            line = assertions.location_line(failed, self._source)
+            line = location_line(failed, self._source)
             raise KernelAssertionError(
                 f"{self._kernel}(): the kernel stopped at a failed assertion:\n{failed}"
                 + (f"\n    {line}" if line else "")
@@ -217,5 +217,5 @@ class CallPlan:
             return None
         if not self._guard(frame.guard, self._address, frame.address):
             return None
-        message = ctypes.c_char_p.from_address(frame.guard + assertions.MESSAGE_OFFSET).value or b""
+        message = ctypes.c_char_p.from_address(frame.guard + MESSAGE_OFFSET).value or b""
         return message.decode(errors="replace")

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AllocationError, ShapeError
-from ..spec.signature import ArgSpec, MemRefSpec, ScalarSpec, UnrankedSpec
+from ..model.signature import ArgSpec, MemRefSpec, ScalarSpec, UnrankedSpec
 from . import scalars
 from .descriptors import UNRANKED_FORMAT, align, ranked_format, ranked_struct, reach
 

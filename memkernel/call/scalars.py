@@ -13,7 +13,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from ..spec.dtypes import ML_DTYPES_TYPE_NAMES, ElementType
+from ..model.dtypes import ML_DTYPES_TYPE_NAMES, ElementType
 
 class ScalarValueError(Exception):
     """A value does not fit a scalar type; the message says why (without the argument name)."""

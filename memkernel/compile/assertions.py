@@ -24,22 +24,16 @@ its message, so the error can show the line.
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import re
 
 from mlir import ir
 
-GUARD = "__memkernel_guarded"
-KEY = "__memkernel_assert_key"
-FRAME_SIZE = 512
-"""Bytes of the caller's frame: a jmp_buf (200 bytes on x86-64 glibc), then the failed message's address."""
-MESSAGE_OFFSET = FRAME_SIZE - 8
+from ..load.guard import GUARD, KEY, LOCATION, MESSAGE_OFFSET
+
 
 _PUTS_ABORT = re.compile(
     r"llvm\.call @puts\((%[\w.]+)\) : \(!llvm\.ptr\) -> \(\)\n(\s*)llvm\.call @abort\(\) : \(\) -> \(\)"
 )
-_LOCATION = re.compile(r'loc\("[^"]*":(\d+):(\d+)\)')
 
 _SUPPORT = f"""
 llvm.func @pthread_getspecific(i32) -> !llvm.ptr
@@ -90,7 +84,7 @@ llvm.func @{GUARD}(%frame: !llvm.ptr, %entry: !llvm.ptr, %args: !llvm.ptr) -> i3
 
 def located(message: str, location: ir.Location) -> str:
     """``message`` followed by the source line and column of ``location``, where it has them."""
-    where = _LOCATION.search(str(location))
+    where = LOCATION.search(str(location))
     if where is None or "Location:" in message:
         return message
     return f"{message}\nLocation: line {where[1]}, column {where[2]}"
@@ -119,27 +113,3 @@ def contain(module: ir.Module) -> ir.Module | None:
     support = declarations + _SUPPORT
     closing = rewritten.rstrip().rfind("}")
     return ir.Module.parse(rewritten[:closing] + support + "\n}\n", module.context)
-
-
-@functools.lru_cache(maxsize=None)
-def thread_key() -> int:
-    """The process's pthread key under which each thread's innermost guard frame is kept."""
-    key = ctypes.c_uint()
-    if ctypes.CDLL(None).pthread_key_create(ctypes.byref(key), None) != 0:
-        raise OSError("pthread_key_create failed")
-    return key.value
-
-
-def fill_key(address: int) -> None:
-    """Write the process's key into a loaded module's ``__memkernel_assert_key``."""
-    ctypes.c_uint.from_address(address).value = thread_key()
-
-
-def location_line(message: str, source: str) -> str:
-    """The source line a message's ``Location: loc("-":L:C)`` or ``Location: line L`` points at, or ""."""
-    found = _LOCATION.search(message) or re.search(r"Location: line (\d+), column (\d+)", message)
-    if not found:
-        return ""
-    lines = source.splitlines()
-    line = int(found[1])
-    return lines[line - 1].strip() if 1 <= line <= len(lines) else ""

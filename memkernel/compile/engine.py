@@ -18,59 +18,20 @@ from dataclasses import dataclass
 from mlir import ir
 from mlir.execution_engine import ExecutionEngine
 
-from . import assertions, libraries, worker
+from . import assertions, worker
 from ..errors import CompileError
-from .cache import Entry
-from .objects import LoadedObject, ObjectLoadError, engine_libraries
+from ..load import libraries
+from ..load.cache import Entry
+from ..load.compiled import CompiledFunction, load_function
+from ..load.objects import LoadedObject, ObjectLoadError
+from .llvm import engine_libraries
 from ..stdio import may_print
 from .pipeline import Pipeline, add_llvm_c_interface, lower
-from ..spec.source import MLIR_LOCK, ParsedSource, parse_source
+from ..analysis.source import MLIR_LOCK, ParsedSource, parse_source
 from .worker import stderr_written
 from ..fastpath.emitter import FastPath, attach, lowered_function, lowered_function_type
-from ..spec.signature import Signature, read_signature
-
-
-@dataclass
-class CompiledFunction:
-    """A compiled kernel: what owns the code, and its entry points.
-
-    ``owner`` is the :class:`~memkernel.compile.objects.LoadedObject` that keeps the code mapped.
-    ``address`` is ``_mlir__mlir_ciface_<name>(void** args)``: ``args[i]`` points at
-    argument ``i`` (a memref argument is a pointer to its descriptor).
-    ``fast_address`` and ``consts_address`` are the fast path's function and
-    constants table (see :mod:`memkernel.thunk`), 0 when it has none.
-    ``entry`` is what the disk cache stores: the object code and its libraries.
-    ``may_print`` tells whether it calls functions that may write to the C streams.
-    ``guard_address`` is its ``__memkernel_guarded`` (see :mod:`memkernel.compile.assertions`),
-    0 when it has no assertion.
-    """
-
-    owner: object
-    address: int
-    fast_address: int
-    consts_address: int
-    entry: Entry | None
-    may_print: bool
-    guard_address: int = 0
-
-
-def load_function(entry: Entry, name: str, fast: FastPath | None,
-                  symbols: Mapping[str, int] | None = None) -> CompiledFunction:
-    """A kernel from its object code (a disk cache entry, or what the compile worker made), linked here.
-
-    ``symbols`` defines names the object calls (callbacks' ``_mlir_ciface_<name>``).
-    Raises ObjectLoadError if LLVM cannot load or link it.
-    """
-    loaded = LoadedObject(entry.code, entry.libraries, symbols)
-    address = loaded.symbol(f"_mlir__mlir_ciface_{name}")
-    guard = 0
-    if entry.guarded:
-        guard = loaded.symbol(assertions.GUARD)
-        assertions.fill_key(loaded.symbol(assertions.KEY))
-    if fast is None or not entry.fast:
-        return CompiledFunction(loaded, address, 0, 0, entry, entry.may_print, guard)
-    return CompiledFunction(loaded, address, loaded.symbol(fast.function), loaded.symbol(fast.consts), entry,
-                            entry.may_print, guard)
+from ..analysis.types import read_signature
+from ..model.signature import Signature
 
 
 def _object_code(engine: ExecutionEngine) -> bytes:
@@ -260,9 +221,10 @@ def compile_function(
     added, unresolved = libraries.libraries_for(made.externals, shared_libs)
     if unresolved:
         raise _unresolved_error(name, unresolved)
-    entry = Entry(made.code, (*shared_libs, *added), made.fast, may_print(made.externals), made.guarded)
+    entry = Entry(made.code, (*shared_libs, *added), fast.symbols if fast is not None and made.fast else None,
+                  may_print(made.externals), made.guarded)
     try:
-        compiled = load_function(entry, name, fast, {f"_mlir_ciface_{c}": a for c, a in callbacks.items()})
+        compiled = load_function(entry, name, {f"_mlir_ciface_{c}": a for c, a in callbacks.items()})
     except ObjectLoadError as exc:
         raise CompileError(f"JIT compilation of @{name} failed: its code did not link: {exc}. A function it "
                            "calls may be missing: pass the library that defines it in shared_libs=.") from None

@@ -10,7 +10,7 @@ LLVM 22 lowering of ``i1`` loads and stores aborts the process) and, when the
 module does arithmetic on small float types (f8, f6, f4), adds
 ``convert-arith-to-apfloat``.
 
-``"fast"`` first applies the transform strategies of :mod:`memkernel.presets`.
+``"fast"`` first applies the transform strategies of :mod:`memkernel.compile.presets`.
 ``pipeline=`` may instead name a pass pipeline of the user's; it runs as given.
 
 A module that carries its own transform-dialect schedule (a
@@ -37,13 +37,13 @@ from mlir.dialects.transform import interpreter
 
 from . import i1_storage
 from ..diagnostics import format_diagnostics
-from ..spec.dtypes import SMALL_FLOAT_NAMES, SUB_BYTE_FLOAT_BITS
+from ..model.dtypes import SMALL_FLOAT_NAMES, SUB_BYTE_FLOAT_BITS
 from ..errors import CompileError, SignatureError
-from .libraries import find_library
+from ..options import SCHEDULES, check_pipeline_choice
 from .division_checks import add_division_checks
 from .presets import PRESETS, fingerprint
-from ..spec.signature import llvm_function_types
-from ..spec.source import MLIR_LOCK, shared_context
+from ..analysis.types import llvm_function_types
+from ..analysis.source import MLIR_LOCK, shared_context
 
 DEFAULT = "default"
 
@@ -70,7 +70,6 @@ _PRE = (
     "convert-scf-to-cf"
     "{runtime})"
 )
-ASYNC_RUNTIME = "mlir_async_runtime"
 
 
 def pre_lowering(parallel: bool) -> str:
@@ -109,17 +108,11 @@ _POST = (
     "reconcile-unrealized-casts)"
 )
 
-SCHEDULES = ("before-bufferization", "after-bufferization", "skip")
-"""Where a module's own transform schedule is applied: ``schedule=`` (None picks
-``"before-bufferization"``, which for memref code is also after it); ``"skip"``
-erases it unapplied."""
-
-
 @dataclass(frozen=True)
 class Pipeline:
-    """A preset name (see :mod:`memkernel.presets`), or the user's own pass pipeline text.
+    """A preset name (see :mod:`memkernel.compile.presets`), or the user's own pass pipeline text.
 
-    ``schedule`` is where the module's own transform schedule is applied (see :data:`SCHEDULES`).
+    ``schedule`` is where the module's own transform schedule is applied (see :data:`~memkernel.options.SCHEDULES`).
     ``checked`` adds MLIR's runtime verification (``generate-runtime-verification``):
     out-of-bounds accesses and inconsistent linalg operand shapes become failing
     ``cf.assert`` ops, raised as :class:`~memkernel.errors.KernelAssertionError`.
@@ -225,14 +218,6 @@ def check_before_lowering(module: ir.Module, pipeline: Pipeline) -> None:
         )
 
 
-def _check_schedule(schedule: str | None) -> None:
-    if schedule is not None and schedule not in SCHEDULES:
-        raise CompileError(
-            f"schedule= must be None (apply the module's transform schedule before bufferization) or one of "
-            f"{', '.join(map(repr, SCHEDULES))}; got {schedule!r}."
-        )
-
-
 _VERIFY = "builtin.module(generate-runtime-verification)"
 
 
@@ -243,25 +228,13 @@ def parse_pipeline(pipeline: str | None, parallel: bool = False, schedule: str |
     ``parallel`` runs the parallel loops of a preset on the MLIR async runtime's
     thread pool; CompileError if that library is not installed or the pipeline is custom.
     ``schedule`` says where the module's own transform schedule is applied (see
-    :data:`SCHEDULES`); CompileError for another value. ``checked`` adds runtime
+    :data:`~memkernel.options.SCHEDULES`); CompileError for another value. ``checked`` adds runtime
     verification; CompileError with ``parallel``, whose worker threads a failed
     check could not stop.
     """
-    _check_schedule(schedule)
-    if checked and parallel:
-        raise CompileError(
-            "checked=True stops a kernel at its first failed check, on the thread that called it; parallel=True "
-            "runs loops on worker threads, where a failed check would abort the process. Drop one of them."
-        )
+    check_pipeline_choice(pipeline, parallel, schedule, checked)
     if pipeline is None or pipeline in PRESETS:
-        if parallel and find_library(ASYNC_RUNTIME) is None:
-            raise CompileError(
-                "parallel=True runs parallel loops on the MLIR async runtime, libmlir_async_runtime, "
-                "which is not installed: pip install 'memkernel[runtime]'"
-            )
         return Pipeline(pipeline or DEFAULT, parallel=parallel, schedule=schedule, checked=checked)
-    if parallel:
-        raise CompileError("parallel=True applies to the preset pipelines; put the passes you want in pipeline=.")
     text = pipeline.strip()
     if not text.startswith("builtin.module("):
         text = f"builtin.module({text})"
@@ -281,19 +254,6 @@ def _run(text: str, module: ir.Module, source: str) -> None:
         raise CompileError(
             "lowering failed:\n" + format_diagnostics(exc.error_diagnostics, source)
         ) from None
-
-
-STAGES = ("input", "bufferized", "vectorized", "loops", "llvm")
-"""The stages of the preset pipelines that :meth:`~memkernel.Kernel.ir` can show.
-
-``input``: the parsed source, as memkernel prepared it (C interface added);
-``bufferized``: tensors turned into memrefs (after the preset's tensor
-strategies; the input itself for memref kernels); ``vectorized``: after the
-preset's memref strategies (the same as ``bufferized`` for ``"default"``);
-``loops``: linalg, affine, vector and scf lowered to loops and branches,
-``i1`` accesses made byte accesses, just before the LLVM conversion; ``llvm``:
-the LLVM dialect that is JIT-compiled.
-"""
 
 
 _TRANSFORM_MAIN = "__transform_main"

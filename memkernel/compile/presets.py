@@ -44,7 +44,7 @@ from mlir import ir
 from mlir.dialects import arith, memref
 from mlir.dialects.transform import interpreter
 
-from . import objects as jit
+from ..load import objects as jit
 from .reassociation import Reassociation
 
 _FLOATS = ("f32", "f64")

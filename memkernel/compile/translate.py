@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from . import libraries
+from ..load import libraries
 from ..errors import CompileError, MissingDependencyError
 
 

@@ -7,7 +7,7 @@ or an "LLVM ERROR" and exit). So lowering, LLVM code generation and
 (``python -c 'from memkernel.compile.worker import main; main()'``) that
 imports the MLIR bindings once and serves requests, one at a time, over a
 pipe. It returns the kernel's relocatable object, which the caller links with
-:class:`~memkernel.compile.objects.LoadedObject` (as it links a disk cache
+:class:`~memkernel.load.objects.LoadedObject` (as it links a disk cache
 entry), or the error the request raised.
 
 A worker that dies during a request becomes a CompileError naming the signal
@@ -28,68 +28,45 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import fcntl
 import importlib
 import os
 import pickle
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any, TypeVar
 
 from ..errors import CompileError
+from ..subprocesses import appending_file, last, last_lines, worker_command
 
 T = TypeVar("T")
-
-SAFE_PATH = ("-P",) if sys.version_info >= (3, 11) else ()
-"""Python's flag for not putting the current folder first on a worker's path (the bootstrap removes it too)."""
 
 TAIL_LINES = 20
 """How many of the last lines a crashed worker wrote on stderr its CompileError carries."""
 
 _TAIL_BYTES = 64 << 10
 _REPLIED_BYTES = 4 << 20
-_BOOTSTRAP = """import os, sys
-sys.path[:] = [p for p in sys.path if p not in ("", ".", os.getcwd())]
-if sys.argv[1] not in sys.path:
-    sys.path.insert(0, sys.argv[1])
-from memkernel.compile.worker import main
+_PROGRAM = """from memkernel.compile.worker import main
 main()"""
-"""The worker's program: the caller's folder off the path (a ``numpy.py`` there must not run in the
-worker), this memkernel (its folder first on the path only if it is not on it already), then :func:`main`."""
+"""The worker's program (after the safe bootstrap of :mod:`memkernel.subprocesses`)."""
 
 
 class _Died(Exception):
     """The worker process ended before it replied."""
 
 
-def _appending_file() -> IO[bytes]:
-    file = tempfile.TemporaryFile()
-    fcntl.fcntl(file.fileno(), fcntl.F_SETFL, fcntl.fcntl(file.fileno(), fcntl.F_GETFL) | os.O_APPEND)
-    return file
-
-
-def _last(fd: int, limit: int) -> str:
-    """The last ``limit`` bytes of the file open as ``fd``, as text."""
-    size = os.fstat(fd).st_size
-    start = max(0, size - limit)
-    return os.pread(fd, size - start, start).decode(errors="replace")
-
-
 def _tail(fd: int) -> str:
     """The last :data:`TAIL_LINES` lines of the file open as ``fd``."""
-    return "\n".join(_last(fd, _TAIL_BYTES).splitlines()[-TAIL_LINES:])
+    return last_lines(last(fd, _TAIL_BYTES), TAIL_LINES)
 
 
 def _spawn(options: tuple[str, ...], stderr: IO[bytes]) -> subprocess.Popen[bytes]:
     """Start a worker process that sets LLVM ``options``, in the caller's environment (LLVM's crash
     handler kept from looking for a symbolizer)."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     environment = {**os.environ, "LLVM_DISABLE_SYMBOLIZATION": "1", "LLVM_DISABLE_CRASH_REPORT": "1"}
-    return subprocess.Popen([sys.executable, *SAFE_PATH, "-c", _BOOTSTRAP, root, *options], stdin=subprocess.PIPE,
+    return subprocess.Popen(worker_command(_PROGRAM, *options), stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=stderr, start_new_session=True, env=environment)
 
 
@@ -102,7 +79,7 @@ class _Process:
 
     def __init__(self, options: tuple[str, ...]) -> None:
         self.options = options
-        self.stderr = _appending_file()
+        self.stderr = appending_file()
         try:
             self.popen = _spawn(options, self.stderr)
         except OSError as exc:
@@ -310,7 +287,7 @@ def _run_here(options: tuple[str, ...], function: Callable[..., T], args: tuple[
                 raise CompileError(
                     f"LLVM options are set once per process: this one compiles with llvm_options={_set_here!r} "
                     f"and cannot switch to {options!r}. Unset MEMKERNEL_COMPILE_WORKER to compile in workers.")
-            from .objects import parse_llvm_options
+            from .llvm import parse_llvm_options
 
             if not parse_llvm_options(options):
                 raise CompileError(f"LLVM refused llvm_options={options!r}; its reason is on stderr above.")
@@ -390,7 +367,7 @@ def stderr_written() -> Iterator[list[str]]:
 
 def _reply(replies: IO[bytes], status: str, value: Any) -> None:
     sys.stderr.flush()
-    stderr = _last(2, _REPLIED_BYTES)
+    stderr = last(2, _REPLIED_BYTES)
     try:
         data = pickle.dumps((status, value, stderr), protocol=pickle.HIGHEST_PROTOCOL)
         pickle.loads(data)  # what the caller will do: an exception class may not rebuild from its args
@@ -427,7 +404,7 @@ def main() -> None:
     os.dup2(2, 1)
     requests = os.fdopen(os.dup(0), "rb")
     importlib.import_module(".engine", __package__)  # what requests run, and the MLIR bindings
-    from .objects import parse_llvm_options
+    from .llvm import parse_llvm_options
 
     if not parse_llvm_options(sys.argv[2:]):
         sys.exit(1)

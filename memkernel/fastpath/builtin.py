@@ -10,16 +10,14 @@ it has read every Python object.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 
-from ..call.results import ResultReader
-from ..spec.signature import ArgSpec
 from . import constants
 from .constants import DONE
-from .emitter import FastPath
+from .symbols import FastSymbols
 
 _METH_FASTCALL = 0x0080
 _METH_KEYWORDS = 0x0002
@@ -42,18 +40,30 @@ def _new_builtin(definition: _MethodDef, owner: Any = None) -> Any:
     return _NEW_BUILTIN(ctypes.addressof(definition), definition if owner is None else owner, None)
 
 
-class FastFunction:
-    """Calls the fast path; None from a call means "take the checked Python path"."""
+class ResultReading(Protocol):
+    """Reads a kernel's results from the buffer the fast path wrote them into."""
 
-    def __init__(self, function_address: int, consts_address: int, fast: FastPath,
-                 results: Sequence[ArgSpec], entry_address: int = 0) -> None:
+    size: int
+
+    def read(self, buffer: np.ndarray) -> tuple[Any, ...]: ...
+
+
+class FastFunction:
+    """Calls the fast path; None from a call means "take the checked Python path".
+
+    ``reader`` reads the kernel's results (the call path's
+    :class:`~memkernel.call.results.ResultReader`), None when it has none.
+    """
+
+    def __init__(self, function_address: int, consts_address: int, fast: FastSymbols,
+                 reader: ResultReading | None, entry_address: int = 0) -> None:
         constants.fill(consts_address, fast.dtypes)
         self.entry_address = entry_address
         """Where the compiled entry (``fast.entry``) was loaded; 0 when the kernel has none."""
         self._dtypes = fast.dtypes  # the table holds their addresses: keep them alive
         self.raw = _new_builtin(_MethodDef(fast.function.encode(), function_address, _METH_FASTCALL, None))
         """``raw(args, outputs[, results])``: DONE if it ran the kernel, DECLINED if not."""
-        self._reader = ResultReader(results) if results else None
+        self._reader = reader
         self._buffers: list[np.ndarray] = []
 
     def __call__(self, args: tuple[Any, ...], outputs: tuple[Any, ...]) -> tuple[Any, ...] | None:
@@ -77,7 +87,7 @@ def entry_builtin(name: str, address: int, fallback: Callable[..., Any], path_ce
 
     Called as the kernel is, ``entry(*inputs, out=out)``, it runs the kernel
     and returns its output (None for an in-place kernel), writing
-    :data:`~memkernel.fastpath.emitter.FAST` into ``path_cell[0]``; anything
+    :attr:`~memkernel.fastpath.symbols.CallPath.FAST` into ``path_cell[0]``; anything
     it declines it passes on, as it came, to ``fallback(*args, **kwargs)``.
     The address it was loaded at must stay mapped as long as the builtin lives.
     """

@@ -42,24 +42,21 @@ from dataclasses import dataclass
 import numpy as np
 from mlir import ir
 
-from ..spec.contract import BufferContract, Contract, ScalarContract
-from ..spec.analysis import KernelSpec
-from ..spec.shapes import Dim
-from ..spec.signature import ArgSpec, MemRefSpec, ScalarSpec, UnrankedSpec
+from ..model.contract import BufferContract, Contract, ScalarContract
+from ..model.kernel_spec import KernelSpec
+from ..model.shapes import Dim
+from ..model.signature import ArgSpec, MemRefSpec, ScalarSpec, UnrankedSpec
 from .abi import LAYOUT, has_c_function
 from .constants import FIRST_DTYPE, Slot
+from .symbols import CallPath, FastSymbols
 
 
 @dataclass(frozen=True)
 class FastPath:
-    """The fast path's MLIR text and the dtype objects its constants table must hold."""
+    """The fast path's MLIR text, and the symbols a process binds it by."""
 
     text: str
-    function: str
-    consts: str
-    dtypes: tuple[np.dtype, ...]
-    entry: str | None = None
-    """The compiled entry's symbol (see :func:`fast_path`); None when the kernel has none."""
+    symbols: FastSymbols
 
 
 def _handles(contract: Contract) -> bool:
@@ -444,11 +441,9 @@ llvm.mlir.global external @{self.consts}(dense<0> : tensor<{size}xi64>) : !llvm.
 {self.declaration}
 {chr(10).join(functions)}
 """
-        return FastPath(text, self.function, self.consts, tuple(self.dtypes), entry)
+        return FastPath(text, FastSymbols(self.function, self.consts, tuple(self.dtypes), entry))
 
 
-FAST = 1
-"""What the compiled entry writes in its path cell when it ran the kernel (see :func:`fast_path`)."""
 
 
 class _EntryGenerator:
@@ -480,7 +475,7 @@ class _EntryGenerator:
         """Mark the call fast in the path cell and return ``returned`` (a new reference to it, unless it is one)."""
         e = self.e
         cell = e.load(self._self_item(2), "!llvm.ptr", LAYOUT.array_data)
-        e.op(f"llvm.store {e.const(FAST)}, {cell} : i64, !llvm.ptr")
+        e.op(f"llvm.store {e.const(int(CallPath.FAST))}, {cell} : i64, !llvm.ptr")
         if not new_reference:
             self._call_c(Slot.INCREF, [(returned, "!llvm.ptr")])
         e.op(f"llvm.return {returned} : !llvm.ptr")

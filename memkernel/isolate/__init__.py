@@ -9,7 +9,7 @@ call in a worker process:
 - Arrays cross through shared memory (a ``memfd`` both processes map): each
   is copied in once, and what the kernel may write is copied back into the
   caller's arrays, views and strided ``out=`` included (see
-  :mod:`memkernel.isolate.call`); returned memrefs come back as arrays.
+  :mod:`memkernel.isolate.run`); returned memrefs come back as arrays.
 - A crash of the kernel (SIGSEGV, SIGBUS, SIGABRT, SIGILL, SIGFPE, or the
   worker exiting) raises :class:`~memkernel.errors.KernelCrashed` with the
   signal, the call and the worker's last lines on stderr; ``timeout=``
@@ -38,13 +38,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ..call.invoker import Invoker
 from ..errors import OptionError, SignatureError
+from ..model.kernel_spec import KernelSpec
+from ..options import KernelOptions
+from .run import IsolatedRun
 
-if TYPE_CHECKING:
-    from ..call.invoker import Invoker
-    from ..kernel import Kernel
 
 ENVIRONMENT = "MEMKERNEL_ISOLATE"
 """The environment variable that isolates every kernel that does not say ``isolate=False``."""
@@ -84,12 +85,9 @@ def wanted(isolate: bool | None, callbacks: Mapping[str, Any], timeout: float | 
     return isolate
 
 
-def invoker(kernel: Kernel) -> Invoker:
-    """The kernel's call, running in the worker: the usual binding of arguments and ``out=``, then
-    :class:`~memkernel.isolate.call.IsolatedRun`. Nothing is compiled in this process."""
-    from ..call.invoker import Invoker
-    from .call import IsolatedRun
-
-    run = IsolatedRun(kernel)
-    # The plan and the fast path are in-process machinery: an isolated call has neither.
-    return Invoker(kernel.spec, None, None, run.allocator, lambda _: run)  # type: ignore[arg-type]
+def invoker(spec: KernelSpec, options: KernelOptions, function: Callable[..., Any]) -> Invoker:
+    """Kernel ``spec``'s call (made with ``options`` from the Python ``function``), running in the worker:
+    the usual binding of arguments and ``out=``, then :class:`~memkernel.isolate.run.IsolatedRun`. Nothing is
+    compiled in this process."""
+    run = IsolatedRun(spec, options, function)
+    return Invoker.running(spec, run.allocator, run)

@@ -14,14 +14,14 @@ import ctypes
 import dataclasses
 import inspect
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from ..model.kernel_spec import KernelSpec
+from ..options import KernelOptions
 from .shared import Layout, Placed
-
-if TYPE_CHECKING:
-    from ..kernel import Kernel, KernelOptions
 
 Value = tuple[str, Any]
 """One argument of a call: ``("array", Placed)`` in the segment, or ``("value", v)`` sent as it is."""
@@ -35,7 +35,7 @@ class Results(NamedTuple):
     """A call's results as they cross: each item, and the bytes of the arrays copied out of the worker's memory.
 
     Arrays the kernel returned in its own memory cross as the bytes they span,
-    laid out by a :class:`~memkernel.shared.Layout`: each keeps its strides,
+    laid out by a :class:`~memkernel.isolate.shared.Layout`: each keeps its strides,
     and results that share a buffer in the worker share one in the caller.
     """
 
@@ -52,20 +52,22 @@ class Definition:
     signature: inspect.Signature
 
     @classmethod
-    def of(cls, kernel: Kernel) -> Definition:
-        options = dataclasses.replace(kernel.options, name=kernel.spec.name, callbacks={}, capture_output=False,
-                                      isolate=False, timeout=None)
-        return cls(options, inspect.signature(kernel.function))
+    def of(cls, spec: KernelSpec, options: KernelOptions, function: Callable[..., Any]) -> Definition:
+        """The definition of kernel ``spec``, made with ``options`` from the Python ``function``."""
+        options = dataclasses.replace(options, name=spec.name, callbacks={}, capture_output=False, isolate=False,
+                                      timeout=None)
+        return cls(options, inspect.signature(function))
 
-    def build(self) -> Kernel:
-        """The kernel, in process (the caller echoes what the worker prints, so no capture there)."""
+    def stand_in(self) -> Callable[..., None]:
+        """A Python function with the kernel's signature, which shapes no output (every output crosses as
+        ``out=``)."""
 
         def stand_in(*args: Any, **kwargs: Any) -> None:
             return None
 
         stand_in.__signature__ = self.signature  # type: ignore[attr-defined]
         stand_in.__name__ = stand_in.__qualname__ = self.options.name or "kernel"
-        return self.options.decorator()(stand_in)
+        return stand_in
 
 
 def encode_results(results: tuple[Any, ...], base: int, size: int) -> Results:

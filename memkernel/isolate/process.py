@@ -1,7 +1,7 @@
 """The caller's side of the worker process: start it, talk to it, notice that it died, echo what it printed.
 
 One worker serves every isolated kernel of the process, one call at a time.
-It is a fresh Python (``python -m memkernel.isolate.worker``), started at the
+It is a fresh Python running :func:`memkernel.isolate.server.serve`, started at the
 first isolated call and again after a crash or a timeout, in a session of its
 own (a Ctrl-C in the terminal reaches the caller, which then ends the
 worker). Its descriptors 1 and 2 go to files opened for appending; after
@@ -14,20 +14,17 @@ unbuffered).
 from __future__ import annotations
 
 import atexit
-import fcntl
 import os
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
-from typing import IO, Any
+from typing import Any
 
-import memkernel
 
 from . import channel
-from ..compile.worker import SAFE_PATH
+from ..subprocesses import PACKAGE_ROOT, appending_file, last_lines, worker_command
 from .shared import Segment
 
 TRIM_AT = 1 << 20
@@ -51,25 +48,14 @@ class WorkerTimedOut(Exception):
     """A request took longer than its timeout; the worker was killed."""
 
 
-def _appending_file() -> IO[bytes]:
-    file = tempfile.TemporaryFile()
-    flags = fcntl.fcntl(file.fileno(), fcntl.F_GETFL)
-    fcntl.fcntl(file.fileno(), fcntl.F_SETFL, flags | os.O_APPEND)
-    return file
-
-
-_BOOTSTRAP = """import os, sys
-sys.path[:] = [p for p in sys.path if p not in ("", ".", os.getcwd())]
-from memkernel.isolate.worker import serve
-serve(int(sys.argv[1]), int(sys.argv[2]))"""
-"""The worker's program, with the caller's folder off the path: a ``numpy.py`` there must not run in it."""
+_PROGRAM = """from memkernel.isolate.server import serve
+serve(int(sys.argv[2]), int(sys.argv[3]))"""
+"""The worker's program (after the safe bootstrap of :mod:`memkernel.subprocesses`)."""
 
 
 def _environment() -> dict[str, str]:
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(memkernel.__file__)))
     path = os.environ.get("PYTHONPATH", "")
-    return {**os.environ, "MEMKERNEL_ISOLATE": "0",
-            "PYTHONPATH": package_root + (os.pathsep + path if path else "")}
+    return {**os.environ, "MEMKERNEL_ISOLATE": "0", "PYTHONPATH": PACKAGE_ROOT + (os.pathsep + path if path else "")}
 
 
 class Worker:
@@ -77,12 +63,12 @@ class Worker:
 
     def __init__(self) -> None:
         self.owner = os.getpid()
-        self._outputs = (_appending_file(), _appending_file())
+        self._outputs = (appending_file(), appending_file())
         self._echoed = [0, 0]
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         with theirs:
             self.process = subprocess.Popen(
-                [sys.executable, *SAFE_PATH, "-c", _BOOTSTRAP, str(theirs.fileno()), str(self.owner)],
+                worker_command(_PROGRAM, str(theirs.fileno()), str(self.owner)),
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=self._outputs[0],
                 stderr=self._outputs[1], start_new_session=True, env=_environment(),
             )
@@ -147,7 +133,7 @@ class Worker:
         start = self._echoed[1]
         self._echo()
         written = self._read(1, start, self._echoed[1]).decode(errors="replace")
-        tail = "\n".join(written.splitlines()[-TAIL_LINES:])
+        tail = last_lines(written, TAIL_LINES)
         if status < 0:
             return WorkerDied(signal.Signals(-status).name, None, tail)
         return WorkerDied(None, status, tail)

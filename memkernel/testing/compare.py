@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..kernel import Kernel
-from ..spec.contract import BufferContract
+from ..model.contract import BufferContract
 from .copies import layout_copies, layout_copy
 from .rounding import COPIES, Rounding, reference_arguments, rounding, unit_roundoff
 

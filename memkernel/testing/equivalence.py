@@ -31,8 +31,7 @@ _PHASES = [phase for phase in Phase if phase is not Phase.explain]
 
 def with_pipeline(kernel: Kernel, pipeline: str) -> Kernel:
     """The same kernel (source, function, options) compiled with another ``pipeline=``."""
-    options = dataclasses.replace(kernel.options, pipeline=pipeline)
-    return options.decorator()(kernel.function)
+    return Kernel(kernel.function, dataclasses.replace(kernel.options, pipeline=pipeline))
 
 
 def _signature_text(kernel: Kernel) -> str:

@@ -14,10 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import memkernel.compile.pipeline
+import memkernel.options
 import memkernel.compile.presets
 from memkernel import CompileError, mlir_kernel
 from memkernel.compile.presets import CONVOLUTIONS, PRESETS, Strategy
-from memkernel.spec.source import parse_source
+from memkernel.analysis.source import parse_source
 
 from ..kernels import elementwise
 
@@ -531,7 +532,7 @@ def test_serial_pipeline_runs_scf_parallel_on_the_calling_thread():
 
 
 def test_parallel_without_the_async_runtime_is_a_clear_error(monkeypatch):
-    monkeypatch.setattr(memkernel.compile.pipeline, "find_library", lambda name: None)
+    monkeypatch.setattr(memkernel.options, "find_library", lambda name: None)
     with pytest.raises(CompileError, match=r"parallel=True runs parallel loops on the MLIR async runtime, "
                                            r"libmlir_async_runtime, which is not installed: pip install "):
         mlir_kernel(PARALLEL_FILL, parallel=True)(lambda out: None)

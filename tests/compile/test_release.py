@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from memkernel.compile.cache import KEEP_RECENT, ProcessCache
+from memkernel.load.cache import KEEP_RECENT, ProcessCache
 
 REPO = str(Path(__file__).resolve().parents[2])
 
@@ -21,7 +21,7 @@ PRELUDE = textwrap.dedent("""
     sys.path.insert(0, os.path.join(sys.argv[1], "tests"))
     from kernels import elementwise
     from memkernel import mlir_kernel
-    import memkernel.compile.cache
+    import memkernel.load.cache
 
     def resident():
         with open("/proc/self/statm") as statm:
@@ -98,7 +98,7 @@ def test_the_process_cache_frees_what_nothing_uses_beyond_the_recent():
 
 def test_dropped_kernels_compiled_with_the_cache_free_their_code(tmp_path):
     out = run_script("""
-        for _ in range(memkernel.compile.cache.KEEP_RECENT + 2):
+        for _ in range(memkernel.load.cache.KEEP_RECENT + 2):
             run(*source())  # the recent kernels kept, the allocators' pools
         print(f"{growth([source() for _ in range(20)]):.1f}")
     """, tmp_path / "cache")
@@ -111,13 +111,13 @@ def test_a_kernel_loaded_from_disk_again_and_again_frees_its_code(tmp_path):
         run(text, name)
 
         def from_disk():
-            memkernel.compile.cache._memory.clear()
+            memkernel.load.cache._memory.clear()
             run(text, name)
 
         for _ in range(20):
             from_disk()
-        import memkernel.kernel
-        memkernel.kernel.compile_function = None  # from disk only
+        import memkernel.compile.build
+        memkernel.compile.build.compile_function = None  # from disk only
         gc.collect()
         before = resident()
         for _ in range(200):
@@ -131,7 +131,7 @@ def test_a_kernel_loaded_from_disk_again_and_again_frees_its_code(tmp_path):
 @pytest.mark.slow
 def test_three_hundred_dropped_kernels_grow_resident_memory_less_than_15_mb(tmp_path):
     out = run_script("""
-        for _ in range(memkernel.compile.cache.KEEP_RECENT + 2):
+        for _ in range(memkernel.load.cache.KEEP_RECENT + 2):
             run(*source())
         print(f"{growth([source() for _ in range(300)]):.1f}")
     """, tmp_path / "cache", timeout=900)
@@ -155,16 +155,16 @@ def test_freeing_a_parallel_kernel_leaves_the_next_one_working(kept, tmp_path):
     pool every parallel kernel shares: the next parallel call crashed (SIGSEGV)."""
     steps = {
         "cache=False": "parallel(cache=False)",
-        "dropped past the recent": "for _ in range(memkernel.compile.cache.KEEP_RECENT + 2): parallel()",
+        "dropped past the recent": "for _ in range(memkernel.load.cache.KEEP_RECENT + 2): parallel()",
         "loaded from disk, dropped": """
             made = [parallel() for _ in range(3)]
-            memkernel.compile.cache._memory.clear()
+            memkernel.load.cache._memory.clear()
             for text, name in made:
                 mlir_kernel(text, name=name, parallel=True)(lambda x: None)(np.ones((3, 2)))
         """,
     }
     out = run_script(PARALLEL + textwrap.dedent(steps[kept]) + textwrap.dedent("""
-        memkernel.compile.cache._memory.clear()
+        memkernel.load.cache._memory.clear()
         gc.collect()
         parallel(cache=False)
         parallel()

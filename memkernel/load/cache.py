@@ -53,6 +53,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from ..errors import MissingDependencyError
+from ..fastpath.symbols import FastSymbols
+from ..model.dtypes import dtype_named
 from . import objects as jit
 
 Compiled = TypeVar("Compiled")
@@ -63,7 +66,7 @@ KEEP_RECENT = 8
 MAX_ENTRY_BYTES = 256 << 20
 """The largest disk cache entry read (256 MiB); a larger file is a miss. Kernels' objects are far smaller."""
 
-_MAGIC = b"MEMKERNEL-CACHE-2\n"
+_MAGIC = b"MEMKERNEL-CACHE-3\n"
 _TAG_SIZE = hashlib.sha256().digest_size
 _HEADER_SIZE = struct.Struct("<Q")
 _SECRET_NAME = "hmac.key"
@@ -192,15 +195,33 @@ def directory() -> Path | None:
 
 @dataclass(frozen=True)
 class Entry:
-    """A disk cache entry: the object code, the libraries it links against, whether it has a
-    fast path, whether it may print, and whether its assertions return to a guard
+    """A disk cache entry: the object code, the libraries it links against, its fast path's symbols (None
+    when it has none), whether it may print, and whether its assertions return to a guard
     (see :mod:`memkernel.compile.assertions`)."""
 
     code: bytes
     libraries: tuple[str, ...]
-    fast: bool
+    fast: FastSymbols | None
     may_print: bool
     guarded: bool = False
+
+
+def _symbols_data(symbols: FastSymbols | None) -> dict[str, Any] | None:
+    if symbols is None:
+        return None
+    return {"function": symbols.function, "consts": symbols.consts, "entry": symbols.entry,
+            "dtypes": [d.name for d in symbols.dtypes]}
+
+
+def _symbols(data: Any) -> FastSymbols | None:
+    """The fast path symbols of a header; None for none, and for anything malformed (the entry then binds
+    no fast path, and calls take the checked path)."""
+    try:
+        return FastSymbols(str(data["function"]), str(data["consts"]),
+                           tuple(dtype_named(name) for name in data["dtypes"]),
+                           None if data["entry"] is None else str(data["entry"]))
+    except (TypeError, KeyError, ValueError, MissingDependencyError):
+        return None
 
 
 _warned: set[str] = set()
@@ -266,7 +287,7 @@ def _write_new(folder: int, data: bytes) -> str:
 
 
 @dataclass(frozen=True)
-class _Folder:
+class Folder:
     """An open cache folder that only this user can write, and its secret."""
 
     path: Path
@@ -274,19 +295,35 @@ class _Folder:
     secret: bytes
 
     def load(self, key: CacheKey) -> Entry | None:
-        """The entry for ``key`` if a valid one is on disk, else None."""
-        data = _read_regular(f"{key.digest}.mkc", self.handle, MAX_ENTRY_BYTES)
-        return _decode(data, key, self.secret) if data is not None else None
+        """The compiled kernel's entry for ``key`` if a valid one is on disk, else None."""
+        body = self.read(key, ".mkc")
+        return _decode(body, key) if body is not None else None
 
     def store(self, key: CacheKey, entry: Entry) -> None:
         """Write ``entry`` atomically; a folder that cannot be written only warns."""
-        header = json.dumps({"key": key.fields, "libraries": list(entry.libraries), "fast": entry.fast,
-                             "may_print": entry.may_print, "guarded": entry.guarded}).encode()
-        body = _HEADER_SIZE.pack(len(header)) + header + entry.code
+        header = json.dumps({"key": key.fields, "libraries": list(entry.libraries),
+                             "fast": _symbols_data(entry.fast), "may_print": entry.may_print,
+                             "guarded": entry.guarded}).encode()
+        self.write(key, ".mkc", _HEADER_SIZE.pack(len(header)) + header + entry.code)
+
+    def read(self, key: CacheKey, suffix: str) -> memoryview | None:
+        """The body of the file ``<key><suffix>`` if it is a regular file whose tag verifies, else None."""
+        data = _read_regular(f"{key.digest}{suffix}", self.handle, MAX_ENTRY_BYTES)
+        start = len(_MAGIC) + _TAG_SIZE
+        if data is None or not data.startswith(_MAGIC) or len(data) < start:
+            return None
+        body = memoryview(data)[start:]
+        if not hmac.compare_digest(data[len(_MAGIC):start], _tag(self.secret, key, body)):
+            return None
+        return body
+
+    def write(self, key: CacheKey, suffix: str, body: bytes) -> None:
+        """Write ``body`` as the file ``<key><suffix>``, tagged, atomically; a folder that cannot be written
+        only warns."""
         try:
             written = _write_new(self.handle, _MAGIC + _tag(self.secret, key, body) + body)
             try:
-                os.replace(written, f"{key.digest}.mkc", src_dir_fd=self.handle, dst_dir_fd=self.handle)
+                os.replace(written, f"{key.digest}{suffix}", src_dir_fd=self.handle, dst_dir_fd=self.handle)
             except BaseException:
                 os.unlink(written, dir_fd=self.handle)
                 raise
@@ -300,12 +337,8 @@ def _tag(secret: bytes, key: CacheKey, body: bytes | memoryview) -> bytes:
     return mac.digest()
 
 
-def _decode(data: bytes, key: CacheKey, secret: bytes) -> Entry | None:
-    start = len(_MAGIC) + _TAG_SIZE
-    if not data.startswith(_MAGIC) or len(data) < start + _HEADER_SIZE.size:
-        return None
-    body = memoryview(data)[start:]
-    if not hmac.compare_digest(data[len(_MAGIC):start], _tag(secret, key, body)):
+def _decode(body: memoryview, key: CacheKey) -> Entry | None:
+    if len(body) < _HEADER_SIZE.size:
         return None
     (header_size,) = _HEADER_SIZE.unpack_from(body)
     try:
@@ -318,7 +351,8 @@ def _decode(data: bytes, key: CacheKey, secret: bytes) -> Entry | None:
     if not all(isinstance(path, str) and os.path.isfile(path) for path in libraries):
         return None
     code = bytes(body[_HEADER_SIZE.size + header_size:])
-    return Entry(code, libraries, bool(header.get("fast")), bool(header.get("may_print", True)),
+    fast = header.get("fast")
+    return Entry(code, libraries, None if fast is None else _symbols(fast), bool(header.get("may_print", True)),
                  bool(header.get("guarded")))
 
 
@@ -393,7 +427,7 @@ def _open_folder(path: Path) -> tuple[int, os.stat_result] | None:
 
 
 @contextmanager
-def disk_cache() -> Iterator[_Folder | None]:
+def disk_cache() -> Iterator[Folder | None]:
     """The disk cache folder, open and checked; None when it is switched off or refused."""
     path = directory()
     opened = _open_folder(path) if path is not None else None
@@ -403,7 +437,7 @@ def disk_cache() -> Iterator[_Folder | None]:
     handle, status = opened
     try:
         secret = _secret(path, handle, status)
-        yield _Folder(path, handle, secret) if secret is not None else None
+        yield Folder(path, handle, secret) if secret is not None else None
     finally:
         os.close(handle)
 

@@ -1,10 +1,10 @@
-"""Everything decoration learns about a kernel, as one frozen :class:`KernelSpec`.
+"""Everything decoration learns about a kernel, as plain data.
 
-:func:`analyse` reads the parsed source once: the function's signature, the
-Python parameters that name its leading arguments, which memrefs the kernel
-may write, and from those each argument's :mod:`contract <memkernel.spec.contract>`,
-and which dims of the arguments must agree (:mod:`memkernel.spec.shapes`).
-Nothing at call time reads MLIR again.
+:class:`KernelIR` is what the MLIR source says (read by
+:func:`memkernel.analysis.analyse.analyse`, kept in the disk cache, so a cached
+kernel needs no compiler to be decorated); :func:`bind` adds the Python
+function that names its inputs and makes the frozen :class:`KernelSpec` every
+call reads. Nothing at call time reads MLIR again.
 """
 
 from __future__ import annotations
@@ -14,14 +14,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from mlir import ir
-
 from ..errors import SignatureError
 from .contract import BufferContract, Contract, contract_for
-from .shapes import Dim, ShapeRules, ir_rules, named_rules
-from .signature import ArgSpec, MemRefSpec, ScalarSpec, Signature, read_signature
-from .source import MLIR_LOCK, ParsedSource
-from .writes import freed_arguments, written_arguments
+from .shapes import AffineBound, Bound, Dim, ShapeRules, Tie, named_rules
+from .signature import ArgSpec, MemRefSpec, ScalarSpec, Signature
+
+
+@dataclass(frozen=True)
+class KernelIR:
+    """What the kernel's IR says, read once at decoration: its signature, the memref arguments it may
+    write, the dims its ops tie and the bounds its accesses need, and whether it holds a ``cf.assert``."""
+
+    name: str
+    signature: Signature
+    written: frozenset[int]
+    ties: tuple[Tie, ...]
+    bounds: tuple[Bound, ...]
+    affine_bounds: tuple[AffineBound, ...]
+    asserts: bool
+
 
 _PARAMETER = inspect.Parameter
 
@@ -114,18 +125,6 @@ class KernelSpec:
         return f"{mlir} ({', '.join(names)})" if names else mlir
 
 
-def default_name(function: Callable[..., Any], parsed: ParsedSource) -> str:
-    """The Python function's name; for a lambda, the source's only function."""
-    if function.__name__ != "<lambda>":
-        return function.__name__
-    with MLIR_LOCK, parsed.context:
-        defined = parsed.defined_names()
-    if len(defined) != 1:
-        listed = ", ".join(f"@{n}" for n in defined) or "none"
-        raise SignatureError(f"a lambda has no name to pick a function by (defined: {listed}); pass name=.")
-    return defined[0]
-
-
 def _parameters(name: str, function: Callable[..., Any], signature: Signature) -> tuple[inspect.Parameter, ...]:
     params = list(inspect.signature(function).parameters.values())
     mlir_args = signature.args
@@ -162,23 +161,10 @@ def output_names(count: int) -> list[str]:
     return ["out"] if count == 1 else [f"out[{i}]" for i in range(count)]
 
 
-def analyse(parsed: ParsedSource, function: Callable[..., Any], name: str) -> KernelSpec:
-    """Read ``func.func @name`` of ``parsed`` and the Python ``function`` naming its inputs.
-
-    Raises SignatureError when the function is missing, a type is not
-    supported, or the Python signature does not fit the MLIR one.
-    """
-    with MLIR_LOCK, parsed.context:
-        signature = read_signature(parsed.function(name))
-        buffers = any(not isinstance(a, ScalarSpec) for a in signature.args)  # an llvm.func takes scalars only
-        written = written_arguments(parsed.module, name) if buffers else frozenset()
-        freed = freed_arguments(parsed.module, name) if buffers else []
-    if freed:
-        raise SignatureError(
-            f"{name}(): @{name} passes argument #{freed[0]} to memref.dealloc, but an argument's memory belongs to "
-            "the caller (a numpy array): freeing it would corrupt the heap. Deallocate only what the kernel "
-            "allocated."
-        )
+def bind(ir: KernelIR, function: Callable[..., Any]) -> KernelSpec:
+    """The kernel ``ir`` describes, its leading arguments named by the Python ``function``'s parameters
+    (and its dims by their annotations). Raises SignatureError when the Python signature does not fit."""
+    name, signature, written = ir.name, ir.signature, ir.written
     parameters = _parameters(name, function, signature)
     returned = inspect.signature(function).return_annotation
     n_inputs = len(parameters)
@@ -187,22 +173,6 @@ def analyse(parsed: ParsedSource, function: Callable[..., Any], name: str) -> Ke
         contract_for(name, called[i], i, spec, is_output=i >= n_inputs, may_write=i in written)
         for i, spec in enumerate(signature.args)
     )
-    with MLIR_LOCK, parsed.context:
-        ties, bounds, affine_bounds = ir_rules(parsed.module, name, signature.args) if buffers else ([], [], [])
-        asserts = _has_assertions(parsed.module)
     named, names, outputs = named_rules(name, parameters, returned, signature.args)
-    shapes = ShapeRules(tuple(ties + named), tuple(bounds), names, outputs, tuple(affine_bounds))
-    return KernelSpec(name, signature, parameters, written, contracts, shapes, asserts)
-
-
-def _has_assertions(module: ir.Module) -> bool:
-    found: list[bool] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "cf.assert":
-            found.append(True)
-            return ir.WalkResult.INTERRUPT
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
-    return bool(found)
+    shapes = ShapeRules(ir.ties + tuple(named), ir.bounds, names, outputs, ir.affine_bounds)
+    return KernelSpec(name, signature, parameters, written, contracts, shapes, ir.asserts)

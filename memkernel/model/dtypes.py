@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-from mlir import ir
 
 from ..errors import MissingDependencyError
 
@@ -184,28 +184,39 @@ def ml_dtypes_dtype(mlir_name: str) -> np.dtype:
     return np.dtype(getattr(module, attribute))
 
 
-def element_type(t: ir.Type) -> ElementType | None:
-    """The :class:`ElementType` of an MLIR scalar type, or None if memkernel has none."""
-    name = str(t)
-    if isinstance(t, ir.IntegerType):
-        width = t.width
-        if width == 1 and t.is_signless:
-            return _BOOL
-        if width not in (8, 16, 32, 64):
-            return None
-        if t.is_signless:
-            return _integer(width, "signless")
-        return _integer(width, "signed" if t.is_signed else "unsigned")
-    if isinstance(t, ir.IndexType):
+_INTEGER_NAME = re.compile(r"(s|u)?i(8|16|32|64)")
+_SIGNEDNESS = {None: "signless", "s": "signed", "u": "unsigned"}
+
+
+def element_named(name: str) -> ElementType | None:
+    """The :class:`ElementType` of the MLIR scalar type spelled ``name`` (``i32``, ``ui8``, ``index``,
+    ``f32``, ``complex<f64>``, ``bf16``, ...), or None if memkernel has none."""
+    if name == "i1":
+        return _BOOL
+    if name == "index":
         return _INDEX
+    integer = _INTEGER_NAME.fullmatch(name)
+    if integer:
+        return _integer(int(integer.group(2)), _SIGNEDNESS[integer.group(1)])
     if name in _FLOATS:
         return _FLOATS[name]
     if name in _COMPLEX:
         return _COMPLEX[name]
     if name in _ML_DTYPES_NAMES:
-        dtype = ml_dtypes_dtype(name)
-        return _native(name, dtype, "float")
+        return _native(name, ml_dtypes_dtype(name), "float")
     return None
+
+
+def dtype_named(name: str) -> np.dtype:
+    """The dtype whose ``.name`` is ``name``: numpy's, or ``ml_dtypes``' (``bfloat16``, ``float8_e4m3fn``);
+    ValueError for none, MissingDependencyError for an ``ml_dtypes`` one without ``ml_dtypes``."""
+    if name in ML_DTYPES_TYPE_NAMES:
+        mlir = next(m for m, attribute in _ML_DTYPES_NAMES.items() if attribute == name)
+        return ml_dtypes_dtype(mlir)
+    try:
+        return np.dtype(name)
+    except TypeError:
+        raise ValueError(f"no dtype is named {name!r}") from None
 
 
 def dtype_expression(dtype: np.dtype) -> str:

@@ -7,7 +7,7 @@ same error with the same message. The checked arrays are copied once into
 the worker's segment (outputs allocated for this call are zero-filled there
 instead) and the worker calls the kernel on views of them, every output
 passed as ``out=``. When it returns, each array the kernel may write
-(:attr:`~memkernel.spec.contract.BufferContract.needs_writeable`) and each
+(:attr:`~memkernel.model.contract.BufferContract.needs_writeable`) and each
 allocated output is copied back into the caller's array, elementwise, so a
 view's elements are written and the elements between them are not. A
 returned memref that lies in the segment (it aliases an argument) becomes a
@@ -20,7 +20,7 @@ import contextlib
 import itertools
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -31,8 +31,9 @@ from ..call.plan import ArgumentCheck
 from ..call.results import ExposedMemory
 from ..call import scalars
 from ..errors import KernelCrashed, KernelTimeout, ShapeError
-from ..kernel import Kernel
-from ..spec.contract import BufferContract
+from ..model.kernel_spec import KernelSpec
+from ..options import KernelOptions
+from ..model.contract import BufferContract
 from . import process
 from .definition import Definition, Results, Value
 from .shared import Layout, Placed, Segment, page_aligned, reach
@@ -46,18 +47,17 @@ class IsolatedRun:
     """Runs one kernel's calls in the worker; built once per kernel, at its first call or ``compile()``,
     which compiles the kernel in the worker (raising its CompileError here)."""
 
-    def __init__(self, kernel: Kernel) -> None:
-        spec = kernel.spec
+    def __init__(self, spec: KernelSpec, options: KernelOptions, function: Callable[..., Any]) -> None:
         self._kernel = spec.name
         self._spec = spec
         self._binders: tuple[Binder, ...] = tuple(binder_for(c) for c in spec.contracts)
-        self.allocator = allocator_for(spec, kernel.function)
+        self.allocator = allocator_for(spec, function)
         self._check = ArgumentCheck(spec.name, self._binders, spec.n_inputs, self.allocator, spec.shapes)
         self._written = tuple(isinstance(c, BufferContract) and c.needs_writeable for c in spec.contracts)
-        self._definition = Definition.of(kernel)
+        self._definition = Definition.of(spec, options, function)
         self._token = f"{next(_tokens)}-{spec.name}"
         weakref.finalize(self, process.dropped.append, self._token)
-        self._timeout = kernel.options.timeout
+        self._timeout = options.timeout
         with self._worker_lock("()"):
             self._define(self._worker())
 

@@ -1,7 +1,7 @@
 """The worker process: rebuilds kernels from their definitions and calls them on shared memory.
 
-Started by :mod:`memkernel.isolate.process` as ``python -m
-memkernel.isolate.worker FD PARENT``. It makes its C stdout unbuffered (what a
+Started by :mod:`memkernel.isolate.process`, which calls its :func:`serve` with
+the socket ``FD`` and the ``PARENT`` pid. It makes its C stdout unbuffered (what a
 kernel prints must be in the file before a crash), dies with its parent, and
 answers requests on the socket ``FD`` until the caller closes it:
 
@@ -20,7 +20,6 @@ import ctypes
 import mmap
 import os
 import socket
-import sys
 import threading
 import time
 from typing import Any
@@ -88,7 +87,7 @@ class _Server:
             return None
         if kind == "define":
             _, token, definition = message
-            kernel = definition.build()
+            kernel = Kernel(definition.stand_in(), definition.options)  # in process, output capture off
             kernel.compile()
             self.kernels[token] = kernel
             return None
@@ -143,6 +142,3 @@ def serve(fd: int, parent: int) -> None:
             os._exit(0)  # a child the kernel forked: only the worker answers on the channel
         channel.send(sock, reply)
 
-
-if __name__ == "__main__":
-    serve(int(sys.argv[1]), int(sys.argv[2]))

@@ -1,83 +1,20 @@
-"""The model of a kernel's MLIR signature: small frozen value types.
-
-MLIR types are read once, with the bindings' own type classes, into
-:class:`MemRefSpec`, :class:`UnrankedSpec` and :class:`ScalarSpec`. Nothing
-downstream touches MLIR type objects again.
-"""
+"""Reading MLIR types into the signature model of :mod:`memkernel.model.signature`, once, at decoration."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Union
-
 from mlir import ir
 
-from .dtypes import ElementType, element_type
 from ..errors import SignatureError
+from ..model.dtypes import ElementType, element_named
+from ..model.signature import ArgSpec, MemRefSpec, ScalarSpec, Signature, Strided, UnrankedSpec
 
 _DYNAMIC = ir.ShapedType.get_dynamic_size()
 _DYNAMIC_STRIDE = ir.ShapedType.get_dynamic_stride_or_offset()
 
 
-@dataclass(frozen=True)
-class Strided:
-    """A ``strided<[...], offset: ...>`` layout; ``None`` marks a ``?`` entry."""
-
-    strides: tuple[int | None, ...]
-    offset: int | None
-
-
-@dataclass(frozen=True)
-class MemRefSpec:
-    """A ranked ``memref``. ``layout`` is None for the identity (contiguous row-major) layout.
-
-    ``tensor`` marks a ranked ``tensor`` of a tensor function: bufferization
-    passes it as an identity-layout memref, and it is a value (never written,
-    never aliased by a result).
-    """
-
-    mlir: str
-    shape: tuple[int | None, ...]
-    element: ElementType
-    layout: Strided | None
-    tensor: bool = False
-
-    @property
-    def rank(self) -> int:
-        return len(self.shape)
-
-    def same_pattern(self, other: MemRefSpec) -> bool:
-        """Same rank, same static sizes and ``?`` at the same positions."""
-        return self.shape == other.shape
-
-
-@dataclass(frozen=True)
-class UnrankedSpec:
-    """A ``memref<*xT>`` (or, with ``tensor``, a ``tensor<*xT>``): any rank, always a contiguous buffer."""
-
-    mlir: str
-    element: ElementType
-    tensor: bool = False
-
-
-@dataclass(frozen=True)
-class ScalarSpec:
-    """A scalar passed or returned by value."""
-
-    mlir: str
-    element: ElementType
-
-
-ArgSpec = Union[MemRefSpec, UnrankedSpec, ScalarSpec]
-
-
-@dataclass(frozen=True)
-class Signature:
-    """The kernel function's arguments and results, in MLIR order."""
-
-    name: str
-    args: tuple[ArgSpec, ...]
-    results: tuple[ArgSpec, ...]
+def element_type(t: ir.Type) -> ElementType | None:
+    """The :class:`ElementType` of an MLIR scalar type, or None if memkernel has none."""
+    return element_named(str(t))
 
 
 def _element(t: ir.Type, where: str, whole: ir.Type) -> ElementType:

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from memkernel import ArgumentError, mlir_kernel
-from memkernel.spec.writes import written_arguments
-from memkernel.spec.source import parse_source
+from memkernel.analysis.writes import written_arguments
+from memkernel.analysis.source import parse_source
 
 
 def written(body: str, args: str) -> frozenset[int]:

@@ -55,7 +55,7 @@ class ParsedSource:
 
 _CALLABLE = ("func.func", "llvm.func")
 """The functions a kernel may be: a ``func.func``, or an ``llvm.func`` on scalars (see
-:func:`memkernel.spec.signature.read_signature`)."""
+:func:`memkernel.analysis.types.read_signature`)."""
 
 
 MLIR_LOCK = threading.RLock()

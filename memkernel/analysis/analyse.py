@@ -1,0 +1,62 @@
+"""Reading a kernel's IR at decoration into a :class:`~memkernel.model.kernel_spec.KernelIR`: its signature,
+which memref arguments it may write (:mod:`memkernel.analysis.writes`), which dims of its arguments must
+agree (:mod:`memkernel.analysis.shapes`), and whether it holds a ``cf.assert``."""
+
+from __future__ import annotations
+
+from mlir import ir
+
+from ..errors import SignatureError
+from ..model.kernel_spec import KernelIR
+from ..model.signature import ScalarSpec
+from .shapes import ir_rules
+from .source import MLIR_LOCK, ParsedSource
+from .types import read_signature
+from .writes import freed_arguments, written_arguments
+
+
+def kernel_name(parsed: ParsedSource, requested: str | None) -> str:
+    """``requested``; None (a lambda's kernel) picks the source's only function."""
+    if requested is not None:
+        return requested
+    with MLIR_LOCK, parsed.context:
+        defined = parsed.defined_names()
+    if len(defined) != 1:
+        listed = ", ".join(f"@{n}" for n in defined) or "none"
+        raise SignatureError(f"a lambda has no name to pick a function by (defined: {listed}); pass name=.")
+    return defined[0]
+
+
+def analyse(parsed: ParsedSource, name: str) -> KernelIR:
+    """Read ``func.func @name`` (or an ``llvm.func`` on scalars) of ``parsed``.
+
+    Raises SignatureError when the function is missing, a type is not
+    supported, or the kernel frees an argument.
+    """
+    with MLIR_LOCK, parsed.context:
+        signature = read_signature(parsed.function(name))
+        buffers = any(not isinstance(a, ScalarSpec) for a in signature.args)  # an llvm.func takes scalars only
+        written = written_arguments(parsed.module, name) if buffers else frozenset()
+        freed = freed_arguments(parsed.module, name) if buffers else []
+        if freed:
+            raise SignatureError(
+                f"{name}(): @{name} passes argument #{freed[0]} to memref.dealloc, but an argument's memory "
+                "belongs to the caller (a numpy array): freeing it would corrupt the heap. Deallocate only what "
+                "the kernel allocated."
+            )
+        ties, bounds, affine_bounds = ir_rules(parsed.module, name, signature.args) if buffers else ([], [], [])
+        asserts = _has_assertions(parsed.module)
+    return KernelIR(name, signature, written, tuple(ties), tuple(bounds), tuple(affine_bounds), asserts)
+
+
+def _has_assertions(module: ir.Module) -> bool:
+    found: list[bool] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "cf.assert":
+            found.append(True)
+            return ir.WalkResult.INTERRUPT
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return bool(found)

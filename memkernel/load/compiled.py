@@ -1,0 +1,56 @@
+"""A compiled kernel loaded into this process: :class:`CompiledFunction`, made by :func:`load_function` from
+an :class:`~memkernel.load.cache.Entry` (a disk cache entry, or what the compile worker made)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from . import guard
+from ..fastpath.symbols import FastSymbols
+from .cache import Entry
+from .objects import LoadedObject
+
+
+@dataclass
+class CompiledFunction:
+    """A compiled kernel: what owns the code, and its entry points.
+
+    ``owner`` is the :class:`~memkernel.load.objects.LoadedObject` that keeps the code mapped.
+    ``address`` is ``_mlir__mlir_ciface_<name>(void** args)``: ``args[i]`` points at
+    argument ``i`` (a memref argument is a pointer to its descriptor).
+    ``fast_address`` and ``consts_address`` are the fast path's function and
+    constants table (see :mod:`memkernel.fastpath`), 0 when it has none.
+    ``fast`` names the fast path's symbols (None when it has none).
+    ``entry`` is what the disk cache stores (the object code and its libraries), None when it is not kept.
+    ``may_print`` tells whether it calls functions that may write to the C streams.
+    ``guard_address`` is its ``__memkernel_guarded`` (see :mod:`memkernel.load.guard`),
+    0 when it has no assertion.
+    """
+
+    owner: LoadedObject
+    address: int
+    fast_address: int
+    consts_address: int
+    fast: FastSymbols | None
+    entry: Entry | None
+    may_print: bool
+    guard_address: int = 0
+
+
+def load_function(entry: Entry, name: str, symbols: Mapping[str, int] | None = None) -> CompiledFunction:
+    """Kernel ``name`` from ``entry``'s object code, linked here.
+
+    ``symbols`` defines names the object calls (callbacks' ``_mlir_ciface_<name>``).
+    Raises ObjectLoadError if LLVM cannot load or link it.
+    """
+    loaded = LoadedObject(entry.code, entry.libraries, symbols)
+    address = loaded.symbol(f"_mlir__mlir_ciface_{name}")
+    guard_address = 0
+    if entry.guarded:
+        guard_address = loaded.symbol(guard.GUARD)
+        guard.fill_key(loaded.symbol(guard.KEY))
+    if entry.fast is None:
+        return CompiledFunction(loaded, address, 0, 0, None, entry, entry.may_print, guard_address)
+    return CompiledFunction(loaded, address, loaded.symbol(entry.fast.function), loaded.symbol(entry.fast.consts),
+                            entry.fast, entry, entry.may_print, guard_address)

@@ -1,0 +1,109 @@
+"""The runtime layer needs no compiler: ``import memkernel`` loads no MLIR, and a kernel the disk cache holds
+is decorated and called without importing the compiler, even where the MLIR bindings cannot be imported."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from .kernels import elementwise
+
+SOURCE = elementwise("arith.addf", "memref<?xf32>", "f32", 1, name="add")
+
+PROGRAM = textwrap.dedent("""
+    import sys
+    if sys.argv[1] == "no-mlir":
+        sys.modules["mlir"] = None  # the MLIR bindings cannot be imported
+    import numpy as np
+    import memkernel
+    def compiler_modules():
+        return sorted(m for m, module in sys.modules.items() if module is not None and (
+            m == "mlir" or m.startswith(("mlir.", "memkernel.compile", "memkernel.analysis"))))
+    after_import = compiler_modules()
+    add = memkernel.mlir_kernel(open(sys.argv[2]).read())(lambda a, b: None)
+    a, b = np.arange(5, dtype=np.float32), np.full(5, 0.5, np.float32)
+    assert np.array_equal(add(a, b), a + b), add(a, b)
+    path = add.invoker.last_path
+    try:
+        add(a, b[:4])
+    except memkernel.ShapeError as exc:
+        shape_error = str(exc)
+    loaded = compiler_modules()
+    print(after_import, loaded, path, shape_error, sep="\\n")
+""")
+
+
+def _run(mode: str, source_file: str, cache: str) -> list[str]:
+    environment = {**os.environ, "MEMKERNEL_CACHE_DIR": cache}
+    done = subprocess.run([sys.executable, "-c", PROGRAM, mode, source_file], capture_output=True, text=True,
+                          env=environment, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+@pytest.fixture
+def source_file(tmp_path):
+    path = tmp_path / "add.mlir"
+    path.write_text(SOURCE)
+    return str(path)
+
+
+def test_import_memkernel_loads_neither_mlir_nor_the_compiler():
+    done = subprocess.run([sys.executable, "-c", "import sys, memkernel; print(sorted(m for m in sys.modules if "
+                           "m == 'mlir' or m.startswith(('mlir.', 'memkernel.compile', 'memkernel.analysis'))))"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_a_cached_kernel_is_decorated_and_called_without_the_compiler(source_file, tmp_path):
+    cache = str(tmp_path / "cache")
+    first = _run("with-mlir", source_file, cache)
+    assert first[0] == "[]"
+    assert "'mlir'" in first[1]  # nothing was cached: the compiler read and compiled the kernel
+    after_import, loaded, path, shape_error = _run("with-mlir", source_file, cache)
+    assert (after_import, loaded, path) == ("[]", "[]", "fast")
+    assert "a has 5 elements on dim 0 but b has 4 on dim 0" in shape_error
+
+
+def test_a_cached_kernel_runs_where_the_mlir_bindings_cannot_be_imported(source_file, tmp_path):
+    cache = str(tmp_path / "cache")
+    _run("with-mlir", source_file, cache)
+    after_import, loaded, path, shape_error = _run("no-mlir", source_file, cache)
+    assert (after_import, loaded, path) == ("[]", "[]", "fast")
+    assert "a has 5 elements on dim 0 but b has 4 on dim 0" in shape_error
+
+
+def test_an_uncached_kernel_without_the_mlir_bindings_is_a_missing_dependency_error(source_file, tmp_path):
+    program = textwrap.dedent("""
+        import sys
+        sys.modules["mlir"] = None
+        import memkernel
+        try:
+            memkernel.mlir_kernel(open(sys.argv[1]).read())(lambda a, b: None)
+        except memkernel.MissingDependencyError as exc:
+            assert isinstance(exc, ImportError)
+            print(exc)
+    """)
+    done = subprocess.run([sys.executable, "-c", program, source_file], capture_output=True, text=True,
+                          env={**os.environ, "MEMKERNEL_CACHE_DIR": str(tmp_path / "empty")}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "needs memkernel's compiler and the MLIR Python bindings" in done.stdout
+    assert "pip install memkernel" in done.stdout
+
+
+def test_an_edited_decoration_entry_is_read_afresh_never_trusted(source_file, tmp_path):
+    cache = tmp_path / "cache"
+    _run("with-mlir", source_file, str(cache))
+    (entry,) = [name for name in os.listdir(cache) if name.endswith(".mks")]
+    data = bytearray((cache / entry).read_bytes())
+    at = data.index(b'"mlir":"memref<?xf32>"')
+    data[at:at + len(b'"mlir":"memref<?xf32>"')] = b'"mlir":"memref<?xf64>"'  # same length, tag now wrong
+    (cache / entry).write_bytes(bytes(data))
+    after_import, loaded, path, shape_error = _run("with-mlir", source_file, str(cache))
+    assert "memkernel.compile.decoration" in loaded  # the entry did not verify: the source was read again
+    assert path == "fast"
