@@ -19,8 +19,8 @@ from typing import Any, Literal
 import numpy as np
 
 from ..kernel import Kernel
-from ..spec.contract import Contract
-from ..spec.dtypes import ML_DTYPES_TYPE_NAMES
+from ..model.contract import Contract
+from ..model.dtypes import ML_DTYPES_TYPE_NAMES
 from .copies import laid_out_as, layout_copy
 
 Copies = Literal["float64 copies", "magnitudes", "ones"]
