@@ -19,6 +19,7 @@ from ..errors import AllocationError, ShapeError
 from ..spec.analysis import KernelSpec
 from ..spec.shapes import Dim
 from ..spec.signature import MemRefSpec, UnrankedSpec
+from .descriptors import is_array, plain_array
 
 _NOT_CALLED = object()
 
@@ -32,6 +33,11 @@ def _is_shape(value: Any) -> bool:
     except TypeError:
         return False
     return True
+
+
+def _shape_of(value: Any) -> tuple[int, ...]:
+    """``value``'s shape: an ndarray's (a subclass's too) as its C fields say, anything else as numpy reads it."""
+    return plain_array(value).shape if is_array(value) else tuple(np.shape(value))
 
 
 def zeros(kernel: str, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -128,7 +134,8 @@ class OutputAllocator:
 
     def _tied_shape(self, i: int, values: Sequence[Any]) -> tuple[int, ...] | None:
         """Output ``i``'s shape from the input dims tied to it; None unless every dim is tied and every
-        input it reads is an array (anything else is converted, once, by the checked path first)."""
+        input it reads is an exact ndarray (anything else, a subclass included, is converted, once, by the checked
+        path first)."""
         sources = self._tied[i]
         if sources is None:
             return None
@@ -136,7 +143,7 @@ class OutputAllocator:
         for source in sources:
             if isinstance(source, Dim):
                 value = values[source.arg]
-                if not isinstance(value, np.ndarray) or value.ndim <= source.dim:
+                if type(value) is not np.ndarray or value.ndim <= source.dim:
                     return None
                 shape.append(value.shape[source.dim])
             else:
@@ -171,7 +178,7 @@ class OutputAllocator:
         agreed = self._like_shape(i, values)
         if agreed is not None:
             return agreed
-        like = {tuple(np.shape(values[j])) for j in self._like[i]}
+        like = {_shape_of(values[j]) for j in self._like[i]}
         reason = (
             "the inputs of that shape pattern disagree: " + ", ".join(str(s) for s in sorted(like))
             if like else "no input has that shape pattern"
@@ -187,7 +194,7 @@ class OutputAllocator:
         shape = None
         for j in self._like[i]:
             value = values[j]
-            found = value.shape if type(value) is np.ndarray else tuple(np.shape(value))
+            found = value.shape if type(value) is np.ndarray else _shape_of(value)
             if shape is None:
                 shape = found
             elif found != shape:

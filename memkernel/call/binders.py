@@ -23,7 +23,7 @@ from ..errors import ArgumentError, ShapeError, ValueRangeError
 from ..spec.contract import BufferContract, Contract, ScalarContract
 from ..spec.dtypes import ElementType, describe_dtype, dtype_expression
 from . import descriptors, scalars
-from .descriptors import contiguous_strides, data_pointer, element_strides
+from .descriptors import contiguous_strides, data_pointer, element_strides, is_array, plain_array
 
 _ADDRESS_MASK = (1 << 64) - 1
 
@@ -58,8 +58,9 @@ class CallState:
 
 
 def describe_value(value: Any) -> str:
-    """What was given, as in ``float64[3, 5]``."""
-    if isinstance(value, np.ndarray):
+    """What was given, as in ``float64[3, 5]`` (an ndarray subclass as its C fields say)."""
+    if is_array(value):
+        value = plain_array(value)
         return f"{describe_dtype(value.dtype)}[{', '.join(str(d) for d in value.shape)}]"
     if isinstance(value, np.generic):
         return f"{value.dtype.name} scalar {value!r}"
@@ -147,8 +148,9 @@ class _BufferBinder(Binder):
                 f"{self._where()}; got a masked array {describe_value(value)}. A kernel does not see masks: "
                 f"pass {self.name}.filled(fill_value) or np.ma.getdata({self.name})."
             )
-        if isinstance(value, np.ndarray):
-            array = value
+        if is_array(value):
+            # Every later check and the descriptor read the C fields, never a subclass's properties.
+            array = plain_array(value)
         elif contract.needs_writeable:
             why = "an output" if contract.is_output else "an argument the kernel may write"
             raise ArgumentError(

@@ -7,13 +7,17 @@ from typing import Any
 
 import numpy as np
 
+from ..call.descriptors import is_array, plain_array
+
 
 def layout_copy(value: Any) -> Any:
     """A copy of ``value`` that no call can change through the original: an array keeps its shape,
-    dtype, strides (negative ones too) and writability in a buffer of its own; other values are
+    dtype, strides (negative ones too) and writability in a buffer of its own, as numpy's C fields hold
+    them (an ndarray subclass becomes a plain ndarray, whatever its properties say); other values are
     deep-copied."""
-    if not isinstance(value, np.ndarray):
+    if not is_array(value):
         return copy.deepcopy(value)
+    value = plain_array(value)
     if value.size == 0:
         return value.copy()
     low = sum((n - 1) * s for n, s in zip(value.shape, value.strides) if s < 0)
