@@ -69,3 +69,17 @@ func.func @window(%x: {memref}, %w: {memref}, %y: {memref}) {{
 }}
 """
 
+
+def total(layout: str = "") -> str:
+    """``func.func @total(%x: memref<?xf32{layout}>, %out: memref<f32>)``: adds ``x``'s elements into ``out``.
+
+    ``layout`` follows the element type, e.g. ``", strided<[?], offset: ?>"``."""
+    memref = f"memref<?xf32{layout}>"
+    return f"""func.func @total(%x: {memref}, %out: memref<f32>) {{
+  linalg.reduce ins(%x : {memref}) outs(%out : memref<f32>) dimensions = [0]
+    (%a: f32, %acc: f32) {{
+      %s = arith.addf %a, %acc : f32
+      linalg.yield %s : f32
+    }}
+  return
+}}"""

@@ -40,16 +40,21 @@ def _shape_of(value: Any) -> tuple[int, ...]:
     return plain_array(value).shape if is_array(value) else tuple(np.shape(value))
 
 
+def allocation_error(what: str, shape: tuple[int, ...], dtype: np.dtype, fix: str) -> AllocationError:
+    """The error for an array of ``shape`` and ``dtype`` that memory could not be had for: ``what`` names
+    the kernel and the array ("k(): cannot allocate output 'out'"), ``fix`` says what to do instead."""
+    size = float(np.prod([float(d) for d in shape])) * dtype.itemsize
+    return AllocationError(f"{what} of shape {shape} and dtype {dtype.name} ({size / 2**30:.3g} GiB): "
+                           f"not enough memory. {fix}")
+
+
 def zeros(kernel: str, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """A zero-filled output; AllocationError or ShapeError naming the kernel and output if numpy cannot make it."""
     try:
         return np.zeros(shape, dtype=dtype)
     except MemoryError:
-        size = float(np.prod([float(d) for d in shape])) * dtype.itemsize
-        raise AllocationError(
-            f"{kernel}(): cannot allocate output '{name}' of shape {shape} and dtype {dtype.name} "
-            f"({size / 2**30:.3g} GiB): not enough memory. Pass out= with an array you allocated."
-        ) from None
+        raise allocation_error(f"{kernel}(): cannot allocate output '{name}'", shape, dtype,
+                               "Pass out= with an array you allocated.") from None
     except ValueError as exc:
         raise ShapeError(
             f"{kernel}(): cannot allocate output '{name}' of shape {shape} and dtype {dtype.name}: {exc}. "

@@ -1,4 +1,4 @@
-"""What the binders read of an array, on every call path.
+"""What the binders read of an array, and what a copy they cannot make raises, on every call path.
 
 An ndarray subclass can override any property (``shape``, ``strides``,
 ``dtype``, ``flags``, ``ctypes``, ``__array_interface__``); the binders read
@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from memkernel import ArgumentError, Kernel, ShapeError, mlir_kernel
+from memkernel import AllocationError, ArgumentError, Kernel, ShapeError, mlir_kernel
 
 from ..fastpath.conftest import with_fast_path
+from ..kernels import total
 
 F32 = np.float32
 PATHS = ["fast", "checked", "isolated"]
@@ -135,3 +136,36 @@ def test_an_object_that_only_claims_to_be_an_ndarray_is_read_as_numpy_reads_it(c
 
     assert isinstance(Impostor(), np.ndarray)
     np.testing.assert_array_equal(copy(Impostor()), np.asarray(Impostor()).copy())
+
+
+@pytest.fixture(scope="module", params=["fast", "checked"])
+def total_kernel(request):
+    return build(total(), lambda x: None, request.param)
+
+
+@pytest.fixture(scope="module", params=["fast", "checked"])
+def strided_total(request):
+    return build(total(", strided<[?], offset: ?>"), lambda x: None, request.param)
+
+
+HUGE = 2**46
+"""Elements of a broadcast float32 view whose copy (256 TiB) is more than a 47-bit address space holds."""
+
+
+def test_a_view_too_big_to_copy_contiguous_is_an_allocation_error_naming_it(total_kernel):
+    with pytest.raises(AllocationError, match=re.escape(
+            f"total(): argument 'x' expects memref<?xf32>; got float32[{HUGE}] with byte strides (0,), which the "
+            f"kernel cannot use in place: it needs a C-contiguous copy of shape ({HUGE},) and dtype float32 "
+            f"({HUGE * 4 / 2**30:.3g} GiB): not enough memory. Pass a smaller or C-contiguous array, or give the "
+            "memref a strided layout (strided<[?], offset: ?>)")):
+        total_kernel(np.broadcast_to(F32(1), (HUGE,)))
+    assert issubclass(AllocationError, MemoryError)
+
+
+def test_a_view_too_big_to_copy_away_from_an_overlapping_output_is_an_allocation_error(strided_total):
+    out = np.zeros((), F32)
+    with pytest.raises(AllocationError, match=re.escape(
+            "total(): argument 'x' overlaps 'out', which the kernel may write, so it is read from a copy, as numpy "
+            f"does; that copy of shape ({HUGE},) and dtype float32")):
+        strided_total(np.broadcast_to(out.reshape(1), (HUGE,)), out=out)
+    assert out == 0
