@@ -18,6 +18,7 @@ from memkernel import (ArgumentError, CompileError, KernelCrashed, KernelTimeout
                        SignatureError, mlir_kernel)
 
 from .kernels import elementwise
+from .processes import REPO, run_python
 
 POKE = """
 func.func @poke(%address: i64, %value: f32) {
@@ -291,6 +292,21 @@ def test_a_read_only_input_view_is_read_in_the_worker_and_stays_read_only(floats
     out = add_kernel(isolate=True)(frozen[::2], b)
     np.testing.assert_array_equal(out, a + b)
     assert not frozen.flags.writeable
+
+
+def test_a_worker_started_from_the_checkout_imports_the_checkouts_memkernel(tmp_path):
+    """The worker's program takes the caller's folder off its path; when that is the folder holding this
+    memkernel, another memkernel later on the path must not be the one the worker imports."""
+    other = tmp_path / "memkernel"
+    other.mkdir()
+    (other / "__init__.py").write_text("raise ImportError('another memkernel')\n")
+    printed = run_python(f"""
+        import numpy as np
+        from memkernel import mlir_kernel
+        add = mlir_kernel({ADD!r}, isolate=True)(lambda in0, in1: None)
+        print(add(np.ones(2, np.float32), np.ones(2, np.float32)))
+        """, PYTHONPATH=os.pathsep.join([REPO, str(tmp_path)]))
+    assert printed == "[2. 2.]\n"
 
 
 @pytest.mark.parametrize("isolate", [True, False])

@@ -52,14 +52,24 @@ TAIL_LINES = 20
 
 _TAIL_BYTES = 64 << 10
 _REPLIED_BYTES = 4 << 20
-_BOOTSTRAP = """import os, sys
+
+
+def worker_program(call: str) -> str:
+    """The program of a worker process (``python -c PROGRAM ROOT ...``) that runs ``call``: the caller's
+    folder off the path (a ``numpy.py`` there must not run in the worker), then the folder ROOT that holds
+    this memkernel first on it unless it is there already, so the worker imports this very memkernel, even
+    when the caller's folder is that folder (a checkout) and another memkernel is installed."""
+    return f"""import os, sys
 sys.path[:] = [p for p in sys.path if p not in ("", ".", os.getcwd())]
 if sys.argv[1] not in sys.path:
     sys.path.insert(0, sys.argv[1])
-from memkernel.compile.worker import main
-main()"""
-"""The worker's program: the caller's folder off the path (a ``numpy.py`` there must not run in the
-worker), this memkernel (its folder first on the path only if it is not on it already), then :func:`main`."""
+{call}"""
+
+
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+"""The folder that holds this memkernel: a worker program's ROOT."""
+
+_BOOTSTRAP = worker_program("from memkernel.compile.worker import main\nmain()")
 
 
 class _Died(Exception):
@@ -87,10 +97,10 @@ def _tail(fd: int) -> str:
 def _spawn(options: tuple[str, ...], stderr: IO[bytes]) -> subprocess.Popen[bytes]:
     """Start a worker process that sets LLVM ``options``, in the caller's environment (LLVM's crash
     handler kept from looking for a symbolizer)."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     environment = {**os.environ, "LLVM_DISABLE_SYMBOLIZATION": "1", "LLVM_DISABLE_CRASH_REPORT": "1"}
-    return subprocess.Popen([sys.executable, *SAFE_PATH, "-c", _BOOTSTRAP, root, *options], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=stderr, start_new_session=True, env=environment)
+    return subprocess.Popen([sys.executable, *SAFE_PATH, "-c", _BOOTSTRAP, PACKAGE_ROOT, *options],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, start_new_session=True,
+                            env=environment)
 
 
 def _options_text(options: tuple[str, ...]) -> str:
