@@ -48,3 +48,38 @@ func.func @wait_for(%flag: memref<1xi32>, %limit: i64) -> i64 {
   }
   return %seen : i64
 }"""
+
+
+def strided_window(element: str = "i8", step: int = 2) -> str:
+    """``func.func @window(%x, %w, %y)``: ``y[i] += x[step * i + j] * w[j]``, every memref of a strided layout
+    (stride-0 views pass as they are), so ``x`` must reach ``step * (len(y) - 1) + len(w)`` elements."""
+    memref = f"memref<?x{element}, strided<[?], offset: ?>>"
+    return f"""
+func.func @window(%x: {memref}, %w: {memref}, %y: {memref}) {{
+  linalg.generic {{indexing_maps = [affine_map<(i, j) -> ({step} * i + j)>, affine_map<(i, j) -> (j)>,
+                                   affine_map<(i, j) -> (i)>],
+                  iterator_types = ["parallel", "reduction"]}}
+      ins(%x, %w : {memref}, {memref}) outs(%y : {memref}) {{
+  ^bb0(%a: {element}, %b: {element}, %c: {element}):
+    %m = arith.muli %a, %b : {element}
+    %s = arith.addi %c, %m : {element}
+    linalg.yield %s : {element}
+  }}
+  return
+}}
+"""
+
+
+def total(layout: str = "") -> str:
+    """``func.func @total(%x: memref<?xf32{layout}>, %out: memref<f32>)``: adds ``x``'s elements into ``out``.
+
+    ``layout`` follows the element type, e.g. ``", strided<[?], offset: ?>"``."""
+    memref = f"memref<?xf32{layout}>"
+    return f"""func.func @total(%x: {memref}, %out: memref<f32>) {{
+  linalg.reduce ins(%x : {memref}) outs(%out : memref<f32>) dimensions = [0]
+    (%a: f32, %acc: f32) {{
+      %s = arith.addf %a, %acc : f32
+      linalg.yield %s : f32
+    }}
+  return
+}}"""

@@ -21,6 +21,8 @@ from memkernel import (
     mlir_kernel,
 )
 
+from .kernels import total
+
 F32 = np.float32
 
 SELECT = """func.func @pick(%b: i1, %x: i32, %y: i32) -> (i32, i32) {
@@ -29,14 +31,7 @@ SELECT = """func.func @pick(%b: i1, %x: i32, %y: i32) -> (i32, i32) {
   return %r, %w : i32, i32
 }"""
 
-SUM = """func.func @total(%x: memref<?xf32>, %out: memref<f32>) {
-  linalg.reduce ins(%x : memref<?xf32>) outs(%out : memref<f32>) dimensions = [0]
-    (%a: f32, %acc: f32) {
-      %s = arith.addf %a, %acc : f32
-      linalg.yield %s : f32
-    }
-  return
-}"""
+SUM = total()
 
 SCALE = """func.func @scale(%s: {t}, %x: memref<?x{t}>) {{
   linalg.generic {{indexing_maps = [affine_map<(i) -> (i)>], iterator_types = ["parallel"]}}

@@ -17,7 +17,8 @@ import memkernel.isolate
 from memkernel import (ArgumentError, CompileError, KernelCrashed, KernelTimeout, MemkernelError, ShapeError,
                        SignatureError, mlir_kernel)
 
-from .kernels import elementwise
+from .kernels import elementwise, total
+from .processes import REPO, run_python
 
 POKE = """
 func.func @poke(%address: i64, %value: f32) {
@@ -291,6 +292,58 @@ def test_a_read_only_input_view_is_read_in_the_worker_and_stays_read_only(floats
     out = add_kernel(isolate=True)(frozen[::2], b)
     np.testing.assert_array_equal(out, a + b)
     assert not frozen.flags.writeable
+
+
+FIRST = """
+func.func @first(%x: memref<?xf32, strided<[?], offset: ?>>) -> f32 {
+  %c0 = arith.constant 0 : index
+  %v = memref.load %x[%c0] : memref<?xf32, strided<[?], offset: ?>>
+  return %v : f32
+}"""
+
+HUGE = 2**46
+"""Elements of a broadcast float32 view: a copy of them (256 TiB) is more than a 47-bit address space holds."""
+
+
+def test_a_broadcast_view_crosses_to_the_worker_as_the_bytes_it_spans():
+    """Copied element by element, a stride-0 view of 2**46 elements took hours before the call started."""
+    printed = run_python(f"""
+        import numpy as np
+        from memkernel import mlir_kernel
+        first = mlir_kernel({FIRST!r}, isolate=True)(lambda x: None)
+        print(first(np.broadcast_to(np.float32(2.5), ({HUGE},))))
+        """, timeout=60)
+    assert printed == "2.5\n"
+
+
+def test_a_view_too_big_to_copy_in_the_worker_is_an_allocation_error_naming_it():
+    printed = run_python(f"""
+        import numpy as np
+        from memkernel import AllocationError, mlir_kernel
+        total = mlir_kernel({total()!r}, isolate=True)(lambda x: None)
+        try:
+            total(np.broadcast_to(np.float32(1), ({HUGE},)))
+        except AllocationError as exc:
+            print(exc)
+        """, timeout=60)
+    assert printed.startswith(f"total(): argument 'x' expects memref<?xf32>; got float32[{HUGE}] with byte strides "
+                              f"(0,), which the kernel cannot use in place: it needs a C-contiguous copy of shape "
+                              f"({HUGE},) and dtype float32")
+
+
+def test_a_worker_started_from_the_checkout_imports_the_checkouts_memkernel(tmp_path):
+    """The worker's program takes the caller's folder off its path; when that is the folder holding this
+    memkernel, another memkernel later on the path must not be the one the worker imports."""
+    other = tmp_path / "memkernel"
+    other.mkdir()
+    (other / "__init__.py").write_text("raise ImportError('another memkernel')\n")
+    printed = run_python(f"""
+        import numpy as np
+        from memkernel import mlir_kernel
+        add = mlir_kernel({ADD!r}, isolate=True)(lambda in0, in1: None)
+        print(add(np.ones(2, np.float32), np.ones(2, np.float32)))
+        """, PYTHONPATH=os.pathsep.join([REPO, str(tmp_path)]))
+    assert printed == "[2. 2.]\n"
 
 
 @pytest.mark.parametrize("isolate", [True, False])

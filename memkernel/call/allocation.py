@@ -19,6 +19,7 @@ from ..errors import AllocationError, ShapeError
 from ..model.kernel_spec import KernelSpec
 from ..model.shapes import Dim
 from ..model.signature import MemRefSpec, UnrankedSpec
+from .descriptors import is_array, plain_array
 
 _NOT_CALLED = object()
 
@@ -34,16 +35,26 @@ def _is_shape(value: Any) -> bool:
     return True
 
 
+def _shape_of(value: Any) -> tuple[int, ...]:
+    """``value``'s shape: an ndarray's (a subclass's too) as its C fields say, anything else as numpy reads it."""
+    return plain_array(value).shape if is_array(value) else tuple(np.shape(value))
+
+
+def allocation_error(what: str, shape: tuple[int, ...], dtype: np.dtype, fix: str) -> AllocationError:
+    """The error for an array of ``shape`` and ``dtype`` that memory could not be had for: ``what`` names
+    the kernel and the array ("k(): cannot allocate output 'out'"), ``fix`` says what to do instead."""
+    size = float(np.prod([float(d) for d in shape])) * dtype.itemsize
+    return AllocationError(f"{what} of shape {shape} and dtype {dtype.name} ({size / 2**30:.3g} GiB): "
+                           f"not enough memory. {fix}")
+
+
 def zeros(kernel: str, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """A zero-filled output; AllocationError or ShapeError naming the kernel and output if numpy cannot make it."""
     try:
         return np.zeros(shape, dtype=dtype)
     except MemoryError:
-        size = float(np.prod([float(d) for d in shape])) * dtype.itemsize
-        raise AllocationError(
-            f"{kernel}(): cannot allocate output '{name}' of shape {shape} and dtype {dtype.name} "
-            f"({size / 2**30:.3g} GiB): not enough memory. Pass out= with an array you allocated."
-        ) from None
+        raise allocation_error(f"{kernel}(): cannot allocate output '{name}'", shape, dtype,
+                               "Pass out= with an array you allocated.") from None
     except ValueError as exc:
         raise ShapeError(
             f"{kernel}(): cannot allocate output '{name}' of shape {shape} and dtype {dtype.name}: {exc}. "
@@ -130,7 +141,8 @@ class OutputAllocator:
 
     def _tied_shape(self, i: int, values: Sequence[Any]) -> tuple[int, ...] | None:
         """Output ``i``'s shape from the input dims tied to it; None unless every dim is tied and every
-        input it reads is an array (anything else is converted, once, by the checked path first)."""
+        input it reads is an exact ndarray (anything else, a subclass included, is converted, once, by the checked
+        path first)."""
         sources = self._tied[i]
         if sources is None:
             return None
@@ -138,7 +150,7 @@ class OutputAllocator:
         for source in sources:
             if isinstance(source, Dim):
                 value = values[source.arg]
-                if not isinstance(value, np.ndarray) or value.ndim <= source.dim:
+                if type(value) is not np.ndarray or value.ndim <= source.dim:
                     return None
                 shape.append(value.shape[source.dim])
             else:
@@ -173,7 +185,7 @@ class OutputAllocator:
         agreed = self._like_shape(i, values)
         if agreed is not None:
             return agreed
-        like = {tuple(np.shape(values[j])) for j in self._like[i]}
+        like = {_shape_of(values[j]) for j in self._like[i]}
         reason = (
             "the inputs of that shape pattern disagree: " + ", ".join(str(s) for s in sorted(like))
             if like else "no input has that shape pattern"
@@ -189,7 +201,7 @@ class OutputAllocator:
         shape = None
         for j in self._like[i]:
             value = values[j]
-            found = value.shape if type(value) is np.ndarray else tuple(np.shape(value))
+            found = value.shape if type(value) is np.ndarray else _shape_of(value)
             if shape is None:
                 shape = found
             elif found != shape:

@@ -14,6 +14,7 @@ view passed twice stays one buffer.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +24,8 @@ from ..errors import ArgumentError, ShapeError, ValueRangeError
 from ..model.contract import BufferContract, Contract, ScalarContract
 from ..model.dtypes import ElementType, describe_dtype, dtype_expression
 from . import descriptors, scalars
-from .descriptors import contiguous_strides, data_pointer, element_strides
+from .allocation import allocation_error
+from .descriptors import contiguous_strides, data_pointer, element_strides, is_array, plain_array
 
 _ADDRESS_MASK = (1 << 64) - 1
 
@@ -58,8 +60,9 @@ class CallState:
 
 
 def describe_value(value: Any) -> str:
-    """What was given, as in ``float64[3, 5]``."""
-    if isinstance(value, np.ndarray):
+    """What was given, as in ``float64[3, 5]`` (an ndarray subclass as its C fields say)."""
+    if is_array(value):
+        value = plain_array(value)
         return f"{describe_dtype(value.dtype)}[{', '.join(str(d) for d in value.shape)}]"
     if isinstance(value, np.generic):
         return f"{value.dtype.name} scalar {value!r}"
@@ -147,8 +150,9 @@ class _BufferBinder(Binder):
                 f"{self._where()}; got a masked array {describe_value(value)}. A kernel does not see masks: "
                 f"pass {self.name}.filled(fill_value) or np.ma.getdata({self.name})."
             )
-        if isinstance(value, np.ndarray):
-            array = value
+        if is_array(value):
+            # Every later check and the descriptor read the C fields, never a subclass's properties.
+            array = plain_array(value)
         elif contract.needs_writeable:
             why = "an output" if contract.is_output else "an argument the kernel may write"
             raise ArgumentError(
@@ -234,7 +238,21 @@ class _BufferBinder(Binder):
     def _contiguous(self, array: np.ndarray, state: CallState) -> np.ndarray:
         if descriptors.is_direct_contiguous(array):
             return array
-        return state.copy_of(array, descriptors.contiguous_copy, self.contract.needs_writeable)
+        return self._copy(array, state, descriptors.contiguous_copy, "a C-contiguous copy",
+                          "Pass a smaller or C-contiguous array, or give the memref a strided layout "
+                          f"(strided<[{', '.join(['?'] * array.ndim)}], offset: ?>), which reads views in place.")
+
+    def _copy(self, array: np.ndarray, state: CallState, make_copy: Callable[[np.ndarray], np.ndarray],
+              copy: str, fix: str) -> np.ndarray:
+        """The call's copy of ``array`` (see :meth:`CallState.copy_of`), which the kernel reads instead of a
+        view it cannot use in place; AllocationError naming the argument, the view and the ``copy`` it needs
+        when memory for that copy cannot be had (a broadcast view of 2**40 elements), and saying ``fix``."""
+        try:
+            return state.copy_of(array, make_copy, self.contract.needs_writeable)
+        except MemoryError:
+            raise allocation_error(
+                f"{self._where()}; got {describe_value(array)} with byte strides {array.strides}, which the kernel "
+                f"cannot use in place: it needs {copy}", array.shape, array.dtype, fix) from None
 
 
 class MemRefBinder(_BufferBinder):
@@ -270,7 +288,8 @@ class MemRefBinder(_BufferBinder):
             return (pointer, pointer, 0, *array.shape, *contiguous_strides(array.shape))
         strides = self._layout_strides(array)
         if strides is None:
-            array = state.copy_of(array, self._realizing_copy, contract.needs_writeable)
+            array = self._copy(array, state, self._realizing_copy, "a copy with the layout's strides",
+                               "Pass a smaller array, or one whose strides fit the layout.")
             strides = self._layout_strides(array)
             assert strides is not None
         pointer = data_pointer(array)

@@ -34,6 +34,23 @@ def ranked_struct(rank: int) -> struct.Struct:
     return struct.Struct("<" + ranked_format(rank))
 
 
+def is_array(value: object) -> bool:
+    """Whether ``value`` is an ndarray by its C type: ``isinstance`` would also believe a ``__class__`` that lies."""
+    return issubclass(type(value), np.ndarray)
+
+
+def plain_array(array: np.ndarray) -> np.ndarray:
+    """``array`` as numpy's C struct holds it: itself when it is an exact ndarray, else a plain ndarray view of
+    its memory.
+
+    The view's shape, strides, dtype, flags and data pointer are the subclass's C fields: properties a
+    subclass overrides (a ``shape`` that lies) are never read, since ``np.ndarray.view`` is numpy's own
+    method and a plain ndarray has no ``__array_finalize__`` to run. Writes through the view reach the
+    subclass's memory.
+    """
+    return array if type(array) is np.ndarray else np.ndarray.view(array, np.ndarray)
+
+
 def data_pointer(array: np.ndarray) -> int:
     """Address of the array's first element (a view's offset included)."""
     return array.ctypes.data

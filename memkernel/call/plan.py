@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .allocation import OutputAllocator
+from .allocation import OutputAllocator, allocation_error
 from .binders import Binder, CallState, ScalarBinder
 from .descriptors import align
 from .results import ResultReader
@@ -166,8 +166,15 @@ class CallPlan:
                         "its writes. Pass arrays that do not overlap, or the very same array for both."
                     )
                 continue
-            reader = j if first.needs_writeable else i  # type: ignore[union-attr]
-            checked[reader] = np.array(checked[reader], copy=True)
+            reader, writer = (j, first) if first.needs_writeable else (i, second)  # type: ignore[union-attr]
+            try:
+                checked[reader] = np.array(checked[reader], copy=True)
+            except MemoryError:
+                read = checked[reader]
+                raise allocation_error(
+                    f"{self._kernel}(): argument '{self.binders[reader].contract.name}' overlaps "
+                    f"'{writer.name}', which the kernel may write, so it is read from a copy, as numpy does; "
+                    "that copy", read.shape, read.dtype, "Pass arrays that do not overlap.") from None
 
     def call(self, args: tuple[Any, ...], given: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         """Run the kernel on the inputs ``args`` and the outputs ``given`` (None for each to allocate).

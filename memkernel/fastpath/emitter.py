@@ -140,6 +140,21 @@ class _Emitter:
     def icmp(self, predicate: str, a: str, b: str, llvm_type: str = "i64") -> str:
         return self.value(f"llvm.icmp \"{predicate}\" {a}, {b} : {llvm_type}")
 
+    def exact(self, operation: str, a: str, b: str, overflows: list[str]) -> str:
+        """``a`` times or plus ``b`` (``operation`` "mul" or "add") in i64; appends to ``overflows`` an i1
+        that is true when the result wrapped. A check that computes a size uses this, never a plain
+        ``llvm.mul``/``llvm.add``: a wrapped sum passes a comparison it should fail."""
+        pair = self.value(f'"llvm.intr.s{operation}.with.overflow"({a}, {b}) : (i64, i64) -> !llvm.struct<(i64, i1)>')
+        overflows.append(self.value(f"llvm.extractvalue {pair}[1] : !llvm.struct<(i64, i1)>"))
+        return self.value(f"llvm.extractvalue {pair}[0] : !llvm.struct<(i64, i1)>")
+
+    def none_of(self, conditions: Sequence[str]) -> str:
+        """An i1 that is true when none of ``conditions`` (i1s) is."""
+        any_of = conditions[0]
+        for c in conditions[1:]:
+            any_of = self.value(f"llvm.or {any_of}, {c} : i1")
+        return self.value(f"llvm.xor {any_of}, {self.const(1, 'i1')} : i1")
+
 
 class _Generator:
     def __init__(self, spec: KernelSpec, results: Sequence[ScalarSpec]) -> None:
@@ -316,19 +331,23 @@ class _Generator:
         for bound in self.bounds:
             reach = e.const(bound.constant)
             empty = None
+            overflows: list[str] = []
             for coefficient, dim in bound.terms:
                 size = self.sizes[dim.arg][dim.dim]
-                last = e.value(f"llvm.sub {size}, {e.const(1)} : i64")
-                reach = e.value(f"llvm.add {reach}, {e.value(f'llvm.mul {last}, {e.const(coefficient)} : i64')} : i64")
+                last = e.value(f"llvm.sub {size}, {e.const(1)} : i64")  # a size is never negative: exact
+                reach = e.exact("add", reach, e.exact("mul", last, e.const(coefficient), overflows), overflows)
                 none = e.icmp("eq", size, e.const(0))
                 empty = none if empty is None else e.value(f"llvm.or {empty}, {none} : i1")
             fits = e.icmp("sgt", self.sizes[bound.target.arg][bound.target.dim], reach)
+            if overflows:  # a reach past 2**63 is declined; the checked path says by how much it misses
+                fits = e.value(f"llvm.and {fits}, {e.none_of(overflows)} : i1")
             conditions.append(fits if empty is None else e.value(f"llvm.or {fits}, {empty} : i1"))
         if conditions:
             e.check(e.all_of(conditions))
 
-    def _extent(self, index: int) -> tuple[str, str, str]:
-        """Argument ``index``'s memory as ``[lo, hi)`` byte addresses, and whether it is empty."""
+    def _extent(self, index: int, overflows: list[str]) -> tuple[str, str, str]:
+        """Argument ``index``'s memory as ``[lo, hi)`` byte addresses, and whether it is empty; appends to
+        ``overflows`` whether each step of the arithmetic wrapped (only strides that lie about the memory can)."""
         e = self.e
         data, sizes, strides = self.descriptors[index]
         itemsize = self.contracts[index].element.itemsize
@@ -338,12 +357,12 @@ class _Generator:
         empty = e.const(0, "i1")
         for size, stride in zip(sizes, strides):
             empty = e.value(f"llvm.or {empty}, {e.icmp('eq', size, zero)} : i1")
-            last = e.value(f"llvm.mul {e.value(f'llvm.sub {size}, {one} : i64')}, {stride} : i64")
-            low = e.value(f"llvm.add {low}, {e.value(f'llvm.intr.smin({last}, {zero}) : (i64, i64) -> i64')} : i64")
-            high = e.value(f"llvm.add {high}, {e.value(f'llvm.intr.smax({last}, {zero}) : (i64, i64) -> i64')} : i64")
+            last = e.exact("mul", e.value(f"llvm.sub {size}, {one} : i64"), stride, overflows)
+            low = e.exact("add", low, e.value(f"llvm.intr.smin({last}, {zero}) : (i64, i64) -> i64"), overflows)
+            high = e.exact("add", high, e.value(f"llvm.intr.smax({last}, {zero}) : (i64, i64) -> i64"), overflows)
         scale = e.const(itemsize)
-        lo = e.value(f"llvm.add {start}, {e.value(f'llvm.mul {low}, {scale} : i64')} : i64")
-        hi = e.value(f"llvm.add {start}, {e.value(f'llvm.mul {high}, {scale} : i64')} : i64")
+        lo = e.exact("add", start, e.exact("mul", low, scale, overflows), overflows)
+        hi = e.exact("add", start, e.exact("mul", high, scale, overflows), overflows)
         return lo, hi, empty
 
     def _check_overlaps(self, fresh: int | None = None) -> None:
@@ -355,9 +374,11 @@ class _Generator:
         for i, j in self.overlaps:
             if fresh in (i, j):
                 continue
-            lo_a, hi_a, empty_a = self._extent(i)
-            lo_b, hi_b, empty_b = self._extent(j)
+            overflows: list[str] = []
+            lo_a, hi_a, empty_a = self._extent(i, overflows)
+            lo_b, hi_b, empty_b = self._extent(j, overflows)
             apart = e.value(f"llvm.or {e.icmp('ule', hi_a, lo_b)}, {e.icmp('ule', hi_b, lo_a)} : i1")
+            apart = e.value(f"llvm.and {apart}, {e.none_of(overflows)} : i1")
             fine = e.value(f"llvm.or {apart}, {e.value(f'llvm.or {empty_a}, {empty_b} : i1')} : i1")
             first, second = self.contracts[i], self.contracts[j]
             if first.element.dtype == second.element.dtype and first.spec.rank == second.spec.rank:  # type: ignore[union-attr]

@@ -24,7 +24,7 @@ from typing import Any
 
 
 from . import channel
-from ..subprocesses import PACKAGE_ROOT, appending_file, last_lines, worker_command
+from ..subprocesses import appending_file, last_lines, worker_command
 from .shared import Segment
 
 TRIM_AT = 1 << 20
@@ -53,11 +53,6 @@ serve(int(sys.argv[2]), int(sys.argv[3]))"""
 """The worker's program (after the safe bootstrap of :mod:`memkernel.subprocesses`)."""
 
 
-def _environment() -> dict[str, str]:
-    path = os.environ.get("PYTHONPATH", "")
-    return {**os.environ, "MEMKERNEL_ISOLATE": "0", "PYTHONPATH": PACKAGE_ROOT + (os.pathsep + path if path else "")}
-
-
 class Worker:
     """One worker process and the channel to it; what it has been sent so far."""
 
@@ -70,7 +65,8 @@ class Worker:
             self.process = subprocess.Popen(
                 worker_command(_PROGRAM, str(theirs.fileno()), str(self.owner)),
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=self._outputs[0],
-                stderr=self._outputs[1], start_new_session=True, env=_environment(),
+                stderr=self._outputs[1], start_new_session=True,
+                env={**os.environ, "MEMKERNEL_ISOLATE": "0"},
             )
         self._socket = ours
         self.defined: set[str] = set()

@@ -3,10 +3,11 @@
 Every rule of a call runs in the caller first, as without isolation: the
 binders check and convert each argument, the outputs ``out=`` leaves out are
 allocated, the shape rules are checked, so every error is raised here, the
-same error with the same message. The checked arrays are copied once into
-the worker's segment (outputs allocated for this call are zero-filled there
-instead) and the worker calls the kernel on views of them, every output
-passed as ``out=``. When it returns, each array the kernel may write
+same error with the same message. The memory of the checked arrays is
+copied once into the worker's segment, as the bytes each spans (so a
+broadcast view costs its few bytes, not its elements), and the worker calls
+the kernel on views of them, every output passed as ``out=``. When it
+returns, each array the kernel may write
 (:attr:`~memkernel.model.contract.BufferContract.needs_writeable`) and each
 allocated output is copied back into the caller's array, elementwise, so a
 view's elements are written and the elements between them are not. A
@@ -72,7 +73,7 @@ class IsolatedRun:
             waited = time.monotonic() - started
             worker = self._worker()
             values: list[Value] = [self._value(b, c) for b, c in zip(self._binders, checked)]
-            views = self._copy_in(worker.segment_for(layout.size), layout, arrays, checked, fresh, values)
+            views = self._copy_in(worker.segment_for(layout.size), layout, arrays, values)
             results = self._request(worker, values, args, checked, waited)
             for i, view in views.items():
                 if self._written[i] or fresh[i]:
@@ -90,17 +91,13 @@ class IsolatedRun:
         return checked, outputs, fresh
 
     @staticmethod
-    def _copy_in(segment: Segment, layout: Layout, arrays: list[int], checked: list[Any], fresh: list[bool],
-                 values: list[Value]) -> dict[int, np.ndarray]:
-        """Copy the call's arrays into the segment (zero-fill the outputs allocated for it) and say where they
-        are in ``values``; returns each array's view of the segment, by argument index."""
+    def _copy_in(segment: Segment, layout: Layout, arrays: list[int], values: list[Value]) -> dict[int, np.ndarray]:
+        """Copy the memory of the call's arrays into the segment (see :meth:`Layout.copy_into`) and say where
+        they are in ``values``; returns each array's view of the segment, by argument index."""
+        layout.copy_into(segment.map)
         views: dict[int, np.ndarray] = {}
         for i, placed in zip(arrays, layout.placed):
-            views[i] = view = placed.view(segment.map, as_given=False)
-            if fresh[i]:
-                view.fill(0)
-            else:
-                np.copyto(view, checked[i], casting="no")
+            views[i] = placed.view(segment.map, as_given=False)
             values[i] = ("array", placed)
         return views
 

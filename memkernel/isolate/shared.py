@@ -11,6 +11,7 @@ the segment.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 from typing import Any, NamedTuple
@@ -87,6 +88,15 @@ class Layout:
                 self.placed[i] = Placed(start + addresses[i] - low, a.shape, a.strides, a.dtype.type, a.flags.writeable)
             cursor = start + high - low
         self.size = cursor
+
+    def copy_into(self, buffer: Any) -> None:
+        """Copy every region's bytes from the caller's memory to its place in ``buffer`` (a mapping of the
+        segment): one ``memmove`` per region, gaps between a view's elements included, so a broadcast view
+        of 2**40 elements copies its few bytes, not 2**40 elements."""
+        target = np.frombuffer(buffer, np.uint8)
+        start = target.ctypes.data
+        for region in self.regions:
+            ctypes.memmove(start + region.offset, region.low, region.high - region.low)
 
     def caller_address(self, offset: int, nbytes: int) -> tuple[int, np.ndarray] | None:
         """The caller's address of ``nbytes`` at segment ``offset`` and the array that owns it; None if no

@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from ..call.descriptors import is_array, plain_array
+
 
 def laid_out_as(array: np.ndarray, values: np.ndarray) -> np.ndarray:
     """``values`` (of ``array``'s shape, in any dtype) in a buffer of their own, laid out as ``array``
@@ -30,10 +32,12 @@ def laid_out_as(array: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 def layout_copy(value: Any) -> Any:
     """A copy of ``value`` that no call can change through the original: an array keeps its shape,
-    dtype, strides (negative ones too) and writability in a buffer of its own; other values are
+    dtype, strides (negative ones too) and writability in a buffer of its own, as numpy's C fields hold
+    them (an ndarray subclass becomes a plain ndarray, whatever its properties say); other values are
     deep-copied."""
-    if not isinstance(value, np.ndarray):
+    if not is_array(value):
         return copy.deepcopy(value)
+    value = plain_array(value)
     result = laid_out_as(value, value)
     result.flags.writeable = value.flags.writeable
     return result

@@ -19,7 +19,7 @@ from memkernel import ArgumentError, Kernel, MemkernelError, ShapeError, mlir_ke
 
 from memkernel.call import allocation
 
-from ..kernels import elementwise
+from ..kernels import elementwise, total
 from .conftest import HAS_ENTRIES, with_fast_path
 
 pytestmark = pytest.mark.skipif(not HAS_ENTRIES, reason="Python 3.10 exports no PyObject_Vectorcall: no compiled "
@@ -60,15 +60,7 @@ func.func @increment(%x: memref<?xi64>) {
   return
 }"""
 
-TOTAL = """
-func.func @total(%x: memref<?xf32>, %s: memref<f32>) {
-  linalg.reduce ins(%x : memref<?xf32>) outs(%s : memref<f32>) dimensions = [0]
-    (%in: f32, %acc: f32) {
-      %r = arith.addf %in, %acc : f32
-      linalg.yield %r : f32
-    }
-  return
-}"""
+TOTAL = total()
 
 SUM = """
 func.func @total(%x: memref<?xf64>) -> f64 {

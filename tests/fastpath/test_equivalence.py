@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from memkernel import Kernel, MemkernelError, mlir_kernel
 
-from ..kernels import elementwise
+from ..kernels import elementwise, strided_window
 from .conftest import HAS_ENTRIES, with_fast_path
 
 STATS = """
@@ -363,3 +363,63 @@ def test_bounds_on_sums_of_dims_and_on_constants(windows, data):
         assert all(same_bits(a, b) for a, b in zip(fast_value, checked_value))
     else:
         assert fast_value is checked_value
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    """A stride-0 view of one element repeated ``size`` times: a legal array of any size numpy allows."""
+
+    dtype: str
+    size: int
+    value: int
+    writeable: bool
+
+    def build(self) -> np.ndarray:
+        one = np.full(1, self.value, self.dtype)
+        return np.lib.stride_tricks.as_strided(one, shape=(self.size,), strides=(0,), writeable=self.writeable)
+
+
+NEAR_2_62 = [2**61 + 1, 2**62 - 1, 2**62, 2**62 + 1, 2**63 - 1]
+"""Sizes whose sums in a window's reach pass 2**63 (the largest an int8 array may have is 2**63 - 1)."""
+
+
+def window_argument(small: st.SearchStrategy[int], huge: list[int], writeable: bool = True
+                    ) -> st.SearchStrategy[Any]:
+    """An int8 argument of the window kernel: a small array of any view, or a stride-0 one of a ``huge`` size."""
+    views = arrays(["int8", "int8", "int8", "int16"], st.tuples(small))
+    broadcasts = st.builds(Broadcast, st.just("int8"), st.sampled_from(huge), st.integers(-3, 3),
+                           st.sampled_from([writeable, writeable, not writeable]))
+    return st.one_of(views, broadcasts) if huge else views
+
+
+@pytest.fixture(scope="module")
+def window():
+    return pair(strided_window(), "window", lambda x, w: None)
+
+
+@EXAMPLES
+@given(data=st.data())
+def test_window_bounds_near_2_to_the_62(window, data):
+    """Reaches past 2**63 from stride-0 arrays near 2**62 elements: the fast path declines what it cannot
+    compute in 64 bits, so both paths give numpy's answer or the same error. The sizes are drawn so that no
+    call that passes the checks loops 2**62 times: a huge ``y`` gets a ``w`` of at least one element, which
+    no drawn ``x`` reaches, and a huge ``w`` is longer than any ``x``."""
+    x = data.draw(window_argument(st.integers(0, 9), [2**62 - 1, 2**62], writeable=False), label="x")
+    y = data.draw(window_argument(st.integers(0, 5), NEAR_2_62), label="y")
+    huge_y = isinstance(y, Broadcast)
+    w = data.draw(window_argument(st.integers(1 if huge_y else 0, 4), [2**62 + 1, 2**63 - 1]), label="w")
+    form = data.draw(st.sampled_from(FORMS), label="form")
+    outcomes = []
+    for kernel in window:
+        built_y = y.build()
+        try:
+            call(kernel, (x.build(), w.build()), built_y, form)
+            outcomes.append(("ok", built_y.base.tobytes() if huge_y else built_y.tobytes()))
+        except MemkernelError as exc:
+            outcomes.append(("error", type(exc)))
+    assert outcomes[0] == outcomes[1]
+    if outcomes[0][0] == "ok" and not isinstance(x, Broadcast) and not isinstance(w, Broadcast):
+        a, b, out = x.build(), w.build(), y.build()
+        expected = out.astype(np.int64) + [sum(int(a[2 * i + j]) * int(b[j]) for j in range(len(b)))
+                                          for i in range(len(out))]
+        assert outcomes[0][1] == expected.astype(np.int8).tobytes()

@@ -10,7 +10,8 @@ import pytest
 from memkernel import ArgumentError, ShapeError, ValueRangeError, mlir_kernel
 from memkernel.fastpath.abi import fast_path_supported
 
-from ..kernels import WAIT_FOR_FLAG, elementwise
+from ..kernels import WAIT_FOR_FLAG, elementwise, strided_window
+from ..processes import run_python
 from .conftest import with_fast_path
 
 AXPY = """
@@ -182,3 +183,24 @@ def test_gil_is_released_while_the_kernel_runs(through):
     iterations = wait_for(flag, argument)
     thread.join()
     assert flag[0] == 1 and iterations < limit
+
+
+@pytest.mark.parametrize("form", ["positional", "keywords"])  # the compiled entry (from 3.11); the fast builtin
+def test_a_window_whose_reach_passes_2_to_the_63_is_declined_and_explained(form):
+    """``x`` must reach ``2 * (len(y) - 1) + len(w)``: for a stride-0 ``y`` of 2**62 + 1 elements that is past
+    2**63, which 64-bit arithmetic wraps to a negative reach that any ``x`` passes (SIGSEGV, before)."""
+    n = 2**62 + 1
+    printed = run_python(f"""
+        import numpy as np
+        from memkernel import ShapeError, mlir_kernel
+        window = mlir_kernel({strided_window()!r})(lambda x, w: None)
+        x, w = np.arange(4, dtype=np.int8), np.ones(1, np.int8)
+        y = np.lib.stride_tricks.as_strided(np.zeros(1, np.int8), shape=({n},), strides=(0,), writeable=True)
+        try:
+            window({"x, w" if form == "positional" else "x=x, w=w"}, out=y)
+        except ShapeError as exc:
+            print(window.invoker.fast is not None, window.invoker.last_path, exc)
+        """, MEMKERNEL_FAST_PATH=None)
+    needed = 2 * (n - 1) + 1
+    assert printed == (f"True checked window(): x has 4 elements on dim 0 but @window's linalg.generic reads up to "
+                       f"index {needed - 1} there (out dim 0 = {n}, w dim 0 = 1); pass at least {needed}.\n")

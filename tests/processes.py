@@ -1,0 +1,21 @@
+"""Running a test's calls in a fresh interpreter, where a crash or a hang fails the test and not the session."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+REPO = str(Path(__file__).resolve().parents[1])
+
+
+def run_python(script: str, timeout: float = 120, **environ: str | None) -> str:
+    """What ``script`` (dedented) printed, run with this checkout's memkernel and the session's environment,
+    ``environ`` set on top (None removes a variable); it must exit 0 within ``timeout`` seconds."""
+    env = {**os.environ, "PYTHONPATH": REPO, **environ}
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO, env={k: v for k, v in env.items() if v is not None})
+    assert done.returncode == 0, f"exit status {done.returncode}:\n{done.stderr}"
+    return done.stdout
