@@ -36,6 +36,7 @@ from typing import Any
 from mlir import ir, passmanager
 
 from ..errors import ShapeError, SignatureError
+from .control_flow import EveryRun
 from .signature import ArgSpec, MemRefSpec
 
 _DYNAMIC = -(1 << 63)
@@ -303,14 +304,21 @@ def _carried(loop: ir.Operation, j: int) -> ir.Value | None:
     return loop.operands[3 + j]
 
 
-def unconditional(op: ir.Operation, function: ir.Operation) -> bool:
-    """Whether ``op`` runs on every call: in the function's entry block, inside no ``scf.if``."""
-    parent = op.parent
-    while parent is not None and parent != function:
+def unconditional(op: ir.Operation, function: ir.Operation, blocks: EveryRun | None = None) -> bool:
+    """Whether ``op`` runs on every call: inside no ``scf.if``, and in a block every path through its region
+    passes (the entry block, or one that post-dominates it: see :mod:`memkernel.spec.control_flow`).
+    ``blocks`` keeps the blocks' answers across calls for the same function."""
+    blocks = EveryRun() if blocks is None else blocks
+    current = op
+    while True:
+        parent = current.parent
+        if parent is None or not blocks.passes_through(current.block):
+            return False
+        if parent == function:
+            return True
         if parent.name in _CONDITIONAL or parent.name == "func.func":
             return False
-        parent = parent.parent
-    return parent is not None
+        current = parent
 
 
 def _defining_op(value: ir.Value) -> ir.Operation | None:
@@ -516,9 +524,10 @@ def ir_rules(module: ir.Module, function: str, specs: Sequence[ArgSpec]
     entry = func.regions[0].blocks[0]
     ranks = [s.rank if isinstance(s, MemRefSpec) else None for s in specs]
     collector = _Collector(function, entry, ranks)
+    blocks = EveryRun()
 
     def visit(op: ir.Operation) -> ir.WalkResult:
-        if op == func or not unconditional(op, func):
+        if op == func or not unconditional(op, func, blocks):
             return ir.WalkResult.ADVANCE
         reason = f"@{function}'s {op.name}"
         if op.name.startswith("linalg.") and "indexing_maps" in op.attributes:
