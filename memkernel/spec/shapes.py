@@ -33,10 +33,12 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mlir import ir, passmanager
+from mlir import ir
 
 from ..errors import ShapeError, SignatureError
 from .control_flow import EveryRun
+from .inlining import Inlined
+from .inlining import structured_names as structured_names  # where the CLI reads it
 from .signature import ArgSpec, MemRefSpec
 
 _DYNAMIC = -(1 << 63)
@@ -510,17 +512,14 @@ def _is_elementwise_on_tensors(op: ir.Operation) -> bool:
 
 def ir_rules(module: ir.Module, function: str, specs: Sequence[ArgSpec]
              ) -> tuple[list[Tie], list[Bound], list[AffineBound]]:
-    """The ties and bounds that ``func.func @function``'s ops put on its arguments.
+    """The ties and bounds that ``func.func @function``'s ops, and those of the functions it calls, put on its
+    arguments.
 
-    Works on a copy of the module with linalg's named ops generalized, so that
-    every structured op shows its indexing maps.
+    Works on a copy of the module with the calls inlined and linalg's named ops
+    generalized (see :mod:`memkernel.spec.inlining`).
     """
-    original = structured_names(module)
-    copy = module.operation.clone()
-    passmanager.PassManager.parse("builtin.module(func.func(linalg-generalize-named-ops))",
-                                  module.context).run(copy.operation)
-    func = next(op.operation for op in copy.regions[0].blocks[0].operations
-                if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == function)
+    inlined = Inlined(module, function)
+    func = inlined.function
     entry = func.regions[0].blocks[0]
     ranks = [s.rank if isinstance(s, MemRefSpec) else None for s in specs]
     collector = _Collector(function, entry, ranks)
@@ -529,9 +528,9 @@ def ir_rules(module: ir.Module, function: str, specs: Sequence[ArgSpec]
     def visit(op: ir.Operation) -> ir.WalkResult:
         if op == func or not unconditional(op, func, blocks):
             return ir.WalkResult.ADVANCE
-        reason = f"@{function}'s {op.name}"
+        reason = inlined.origin(op)
         if op.name.startswith("linalg.") and "indexing_maps" in op.attributes:
-            collector.structured(op, f"@{function}'s {original.get(str(op.location), op.name)}")
+            collector.structured(op, reason)
         elif op.name in ("memref.copy",) or _is_elementwise_on_tensors(op):
             collector.all_dims(op, reason)
         else:
@@ -621,19 +620,6 @@ def _accesses(collector: _Collector, op: ir.Operation, function: ir.Operation, r
         vector_type = op.results[0].type if op.name == "vector.load" else op.operands[0].type
         shape = list(vector_type.shape) if op.name.startswith("vector.") else []
         collector.element(memory, indices, nest, reason, shape)
-
-
-def structured_names(module: ir.Module) -> dict[str, str]:
-    """The linalg ops of ``module`` by location: what a generalized op was called before."""
-    names: dict[str, str] = {}
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name.startswith("linalg."):
-            names.setdefault(str(op.location), op.name)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
-    return names
 
 
 # -- named dims -------------------------------------------------------------------
