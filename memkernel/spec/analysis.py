@@ -9,6 +9,7 @@ Nothing at call time reads MLIR again.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -188,10 +189,10 @@ def analyse(parsed: ParsedSource, function: Callable[..., Any], name: str) -> Ke
         for i, spec in enumerate(signature.args)
     )
     with MLIR_LOCK, parsed.context:
-        ties, bounds, affine_bounds = ir_rules(parsed.module, name, signature.args) if buffers else ([], [], [])
+        derived = ir_rules(parsed.module, name, signature.args, called) if buffers else ShapeRules((), (), {}, ())
         asserts = _has_assertions(parsed.module)
     named, names, outputs = named_rules(name, parameters, returned, signature.args)
-    shapes = ShapeRules(tuple(ties + named), tuple(bounds), names, outputs, tuple(affine_bounds))
+    shapes = dataclasses.replace(derived, ties=derived.ties + tuple(named), names=names, output_names=outputs)
     return KernelSpec(name, signature, parameters, written, contracts, shapes, asserts)
 
 
