@@ -7,8 +7,11 @@ MLIR's inliner has put every callee's body in place of each call to it (a call
 passed an argument's view is then an op on that view), and where linalg's named
 ops are generalized, so that every structured op shows its indexing maps.
 
-A call the inliner leaves (a recursive one, or one to a function only
-declared, such as a callback) is not followed.
+The inliner leaves a recursive call, and a call of a function of several blocks
+from a region that takes one (an ``scf.for`` body); the shape rules then read the
+callee on its own and carry its rules over to what the call passes
+(:func:`memkernel.spec.shapes.ir_rules`). A call of a function only declared,
+such as a callback, is not followed.
 
 Messages name the function an op was written in and its name before
 generalizing (``@helper's linalg.add``): an inlined op's location is a
@@ -53,9 +56,21 @@ class Inlined:
         return f"@{function}'s {name}"
 
 
+def defined_function(module: ir.Operation, name: str) -> ir.Operation | None:
+    """The ``func.func @name`` of ``module`` with a body; None if it has none (a declaration) or no such one."""
+    for op in module.regions[0].blocks[0].operations:
+        function = op.operation
+        if (function.name == "func.func" and ir.StringAttr(function.attributes["sym_name"]).value == name
+                and len(function.regions[0].blocks) > 0):
+            return function
+    return None
+
+
 def _function(module: ir.Operation, name: str) -> ir.Operation:
-    return next(op.operation for op in module.regions[0].blocks[0].operations
-                if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == name)
+    function = defined_function(module, name)
+    if function is None:
+        raise LookupError(f"no func.func @{name} with a body")
+    return function
 
 
 def _functions_by_location(module: ir.Operation) -> dict[str, set[str]]:

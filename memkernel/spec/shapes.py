@@ -41,9 +41,9 @@ from mlir import ir
 from ..errors import ShapeError, SignatureError
 from .control_flow import EveryRun
 from .dims import Dim
-from .inlining import Inlined, structured_names  # noqa: F401  (structured_names: the CLI reads it here)
+from .inlining import Inlined, defined_function, structured_names  # noqa: F401  (the CLI reads structured_names)
 from .reshapes import KEEP_BASE, RESHAPES, reshape_view
-from .signature import ArgSpec, MemRefSpec, UnrankedSpec
+from .signature import ArgSpec, MemRefSpec, UnrankedSpec, read_signature
 from .views import Size, View
 
 _DYNAMIC = -(1 << 63)
@@ -593,6 +593,33 @@ class _Collector:
                 for a, b in zip(operands[0], other):
                     self.tie(a, b, reason)
 
+    def called(self, op: ir.Operation, callee: ShapeRules, guards: tuple[tuple[int, Dim], ...] | None) -> None:
+        """The rules of the function a ``func.call`` calls (the argument rules of ``callee``), on the dims of
+        what the call passes. ``guards``: the loops around the call, as :class:`_LoopNest` gives them (None if
+        something else encloses it: then the callee's bounds are left out, as an access's would be)."""
+        passed = [self.dims_of(v) if isinstance(v.type, ir.ShapedType) else None for v in op.operands]
+
+        def mapped(dim: Dim) -> Dim | None:
+            found = passed[dim.arg] if dim.arg < len(passed) else None
+            return found[1][dim.dim] if found is not None and dim.dim < len(found[1]) else None
+
+        for tie in callee.ties:
+            a, b = mapped(tie.a), None if tie.b is None else mapped(tie.b)
+            if a is not None and b is not None:
+                self.tie(a, b, tie.reason)
+        if guards is None:
+            return
+        for bound in callee.bounds:
+            target, terms = mapped(bound.target), [(c, mapped(d)) for c, d in bound.terms]
+            if target is not None and all(d is not None for _, d in terms):
+                self.bound(Bound(target, tuple((c, d) for c, d in terms if d is not None) + guards, bound.constant,
+                                 bound.reason, bound.verb))
+        for affine in callee.affine_bounds if not guards else ():
+            target, loops = mapped(affine.target), [(j, mapped(d)) for j, d in affine.loops]
+            if target is not None and all(d is not None for _, d in loops):
+                self.affine_bounds.append(AffineBound(target, affine.expr, tuple((j, d) for j, d in loops
+                                                                                 if d is not None), affine.reason))
+
     def rules(self) -> ShapeRules:
         """The rules collected: those on views' dims apart, and the views only if something checks them."""
         def on_arguments(*dims: Dim | None) -> bool:
@@ -615,14 +642,16 @@ def _is_elementwise_on_tensors(op: ir.Operation) -> bool:
             and all(isinstance(v.type, ir.RankedTensorType) for v in op.operands))
 
 
-def ir_rules(module: ir.Module, function: str, specs: Sequence[ArgSpec], names: Sequence[str] = ()
-             ) -> ShapeRules:
+def ir_rules(module: ir.Module, function: str, specs: Sequence[ArgSpec], names: Sequence[str] = (),
+             visiting: frozenset[str] = frozenset()) -> ShapeRules:
     """The ties and bounds that ``func.func @function``'s ops, and those of the functions it calls, put on its
     arguments (named ``names`` in messages), and on the views it makes of them; no dim names yet.
 
     Works on a copy of the module with the calls inlined and linalg's named ops
-    generalized (see :mod:`memkernel.spec.inlining`). Raises SignatureError for a
-    reshape of an argument whose sizes cannot be read (see :mod:`memkernel.spec.reshapes`).
+    generalized (see :mod:`memkernel.spec.inlining`); a call the inliner leaves is
+    read through its callee's own rules, unless the callee is one of ``visiting``
+    (the functions whose rules are being read). Raises SignatureError for a reshape
+    of an argument whose sizes cannot be read (see :mod:`memkernel.spec.reshapes`).
     """
     inlined = Inlined(module, function)
     func = inlined.function
@@ -640,9 +669,27 @@ def ir_rules(module: ir.Module, function: str, specs: Sequence[ArgSpec], names: 
             collector.all_dims(op, reason)
         elif op.name in RESHAPES:
             collector.dims_of(op.results[0])
+        elif op.name == "func.call":
+            callee = _callee_rules(module, ir.FlatSymbolRefAttr(op.attributes["callee"]).value,
+                                   visiting | {function})
+            if callee is not None:
+                nest = _LoopNest.around(op, func, collector)
+                collector.called(op, callee, None if nest is None else nest.guards)
         else:
             _accesses(collector, op, func, reason)
     return collector.rules()
+
+
+def _callee_rules(module: ir.Module, callee: str, visiting: frozenset[str]) -> ShapeRules | None:
+    """The rules of a function a call the inliner left calls, read on its own; None for a function only
+    declared, one of ``visiting``, or one whose arguments or reshapes the rules cannot read."""
+    function = defined_function(module.operation, callee)
+    if function is None or callee in visiting:
+        return None
+    try:
+        return ir_rules(module, callee, read_signature(function).args, visiting=visiting)
+    except SignatureError:
+        return None
 
 
 def _operations(function: ir.Operation) -> list[ir.Operation]:

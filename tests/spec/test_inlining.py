@@ -54,6 +54,41 @@ func.func @add(%a: memref<?xf32>, %b: memref<?xf32>, %out: memref<?xf32>) {
   return
 }"""
 
+# @helper has two blocks, which the inliner cannot put in an scf.for body: its rules are carried over instead.
+IN_A_LOOP_OF_ONE = """func.func private @helper(%a: memref<?xf32>, %b: memref<?xf32>, %o: memref<?xf32>) {
+  cf.br ^add
+^add:
+  linalg.add ins(%a, %b : memref<?xf32>, memref<?xf32>) outs(%o : memref<?xf32>)
+  return
+}
+func.func @add(%a: memref<?xf32>, %b: memref<?xf32>, %out: memref<?xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  scf.for %i = %c0 to %c1 step %c1 {
+    func.call @helper(%a, %b, %out) : (memref<?xf32>, memref<?xf32>, memref<?xf32>) -> ()
+  }
+  return
+}"""
+
+# y[i] = x[5] for each i of y, x[5] read by a function of two blocks: asked only when the loop runs.
+LOAD_IN_A_CALLEE_OF_TWO_BLOCKS = """func.func private @sixth(%x: memref<?xf32>) -> f32 {
+  %c5 = arith.constant 5 : index
+  cf.br ^load
+^load:
+  %v = memref.load %x[%c5] : memref<?xf32>
+  return %v : f32
+}
+func.func @fill(%x: memref<?xf32>, %y: memref<?xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %n = memref.dim %y, %c0 : memref<?xf32>
+  scf.for %i = %c0 to %n step %c1 {
+    %v = func.call @sixth(%x) : (memref<?xf32>) -> f32
+    memref.store %v, %y[%i] : memref<?xf32>
+  }
+  return
+}"""
+
 CALLED_UNDER_IF = HELPER + """func.func @maybe(%a: memref<?xf32>, %b: memref<?xf32>, %go: i1, %out: memref<?xf32>) {
   scf.if %go {
     func.call @helper(%a, %b, %out) : (memref<?xf32>, memref<?xf32>, memref<?xf32>) -> ()
@@ -93,6 +128,27 @@ def test_calls_are_followed_through_every_level_and_block():
     with pytest.raises(ShapeError, match=re.escape("a has 4 elements on dim 0 but b has 3 on dim 0; "
                                                    "@helper's linalg.add needs them equal.")):
         add(a, b[:3])
+
+
+def test_a_call_the_inliner_leaves_carries_its_callees_rules_over():
+    add = mlir_kernel(IN_A_LOOP_OF_ONE, name="add")(lambda a, b: None)
+    a, b = np.arange(4, dtype=F32), np.full(4, 2, F32)
+    np.testing.assert_array_equal(add(a, b), a + b)
+    with pytest.raises(ShapeError, match=re.escape(
+            "add(): a has 4 elements on dim 0 but out has 2 on dim 0; @helper's linalg.add needs them equal.")):
+        add(a, b, out=np.zeros(2, F32))
+
+
+def test_a_bound_carried_over_from_a_callee_holds_only_when_the_loops_around_the_call_run():
+    fill = mlir_kernel(LOAD_IN_A_CALLEE_OF_TWO_BLOCKS, name="fill")(lambda x, y: None)
+    x, y = np.arange(6, dtype=F32), np.zeros(3, F32)
+    fill(x, y)
+    np.testing.assert_array_equal(y, np.full(3, x[5]))
+    with pytest.raises(ShapeError, match=re.escape(
+            "fill(): x has 5 elements on dim 0 but @sixth's memref.load reaches up to index 5 there (y dim 0 = 3); "
+            "pass at least 6.")):
+        fill(x[:5], y)
+    fill(x[:0], y[:0])
 
 
 def test_a_call_under_scf_if_ties_nothing():
