@@ -84,7 +84,7 @@ class Kernel:
         """The kernel's IR, from the disk cache or read now by the compiler, and its callbacks bound."""
         options = self.options
         if options.callbacks:  # bound to this process's functions: read afresh, never cached
-            kernel_ir, parsed = _read_kernel(options, requested)
+            kernel_ir, parsed = _read_kernel(options, requested, self._function)
             with _needs_compiler(kernel_ir.name, "binding callbacks"):
                 from .compile.decoration import declarations
 
@@ -94,7 +94,7 @@ class Kernel:
         with kernel_cache.disk_cache() as folder:
             kernel_ir = _cached_ir(folder, key) if folder is not None and key is not None else None
             if kernel_ir is None:
-                kernel_ir, _ = _read_kernel(options, requested)
+                kernel_ir, _ = _read_kernel(options, requested, self._function)
                 if folder is not None and key is not None:
                     folder.write(key, ".mks", codec.dumps(kernel_ir).encode())
         return kernel_ir, {}
@@ -402,8 +402,13 @@ def _needs_compiler(kernel: str | None, doing: str) -> Iterator[None]:
         ) from exc
 
 
-def _read_kernel(options: KernelOptions, requested: str | None) -> tuple[KernelIR, ParsedSource]:
+def _read_kernel(options: KernelOptions, requested: str | None,
+                 function: Callable[..., Any]) -> tuple[KernelIR, ParsedSource]:
     with _needs_compiler(requested, "reading the kernel's source (no cache holds it)"):
         from .compile.decoration import read_kernel
 
-    return read_kernel(options, requested)
+    try:
+        parameters = [p.name for p in inspect.signature(function).parameters.values()]
+    except (TypeError, ValueError):  # no signature to read: bind() says why
+        parameters = []
+    return read_kernel(options, requested, parameters)

@@ -4,10 +4,13 @@ agree (:mod:`memkernel.analysis.shapes`), and whether it holds a ``cf.assert``."
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from mlir import ir
 
 from ..errors import SignatureError
-from ..model.kernel_spec import KernelIR
+from ..model.kernel_spec import KernelIR, output_names
+from ..model.shapes import ShapeRules
 from ..model.signature import ScalarSpec
 from .shapes import ir_rules
 from .source import MLIR_LOCK, ParsedSource
@@ -27,11 +30,12 @@ def kernel_name(parsed: ParsedSource, requested: str | None) -> str:
     return defined[0]
 
 
-def analyse(parsed: ParsedSource, name: str) -> KernelIR:
-    """Read ``func.func @name`` (or an ``llvm.func`` on scalars) of ``parsed``.
+def analyse(parsed: ParsedSource, name: str, parameters: Sequence[str] = ()) -> KernelIR:
+    """Read ``func.func @name`` (or an ``llvm.func`` on scalars) of ``parsed``; ``parameters`` name its
+    leading arguments in the messages of errors raised here (the rules read do not depend on them).
 
     Raises SignatureError when the function is missing, a type is not
-    supported, or the kernel frees an argument.
+    supported, the kernel frees an argument, or it reshapes one in a way the rules cannot read.
     """
     with MLIR_LOCK, parsed.context:
         signature = read_signature(parsed.function(name))
@@ -44,9 +48,11 @@ def analyse(parsed: ParsedSource, name: str) -> KernelIR:
                 "belongs to the caller (a numpy array): freeing it would corrupt the heap. Deallocate only what "
                 "the kernel allocated."
             )
-        ties, bounds, affine_bounds = ir_rules(parsed.module, name, signature.args) if buffers else ([], [], [])
+        called = (list(parameters[:len(signature.args)]) + output_names(len(signature.args) - len(parameters))
+                  if parameters else [])
+        rules = ir_rules(parsed.module, name, signature.args, called) if buffers else ShapeRules((), (), {}, ())
         asserts = _has_assertions(parsed.module)
-    return KernelIR(name, signature, written, tuple(ties), tuple(bounds), tuple(affine_bounds), asserts)
+    return KernelIR(name, signature, written, rules, asserts)
 
 
 def _has_assertions(module: ir.Module) -> bool:

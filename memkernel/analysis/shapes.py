@@ -9,13 +9,13 @@ operand dims given by the same loop dim must be equal, and an operand dim
 given by a sum (a convolution's ``oh + kh``) must be large enough for every
 index the loops reach. ``memref.copy`` and elementwise ``arith``/``math`` ops
 on tensors tie every dim of their operands. Only operands that are function
-arguments count, directly or through shape-preserving casts.
+arguments count, directly or through shape-preserving casts and transposes, or
+reshapes of them (:mod:`memkernel.model.views`). The ops of the functions the
+kernel calls count too (:mod:`memkernel.analysis.inlining`), and only ops that run on
+every call (:func:`unconditional`).
 
-Named dims add what the IR does not say: ``def scale(x: "N", s, y: "N")``
-ties ``x`` dim 0 to ``y`` dim 0, and ``-> "M N"`` names an allocated output's
-dims.
-
-The result is a :class:`ShapeRules`: ties (pairs of dims that must be equal,
+The result is a :class:`~memkernel.model.shapes.ShapeRules` (where the dims the
+user names join them): ties (pairs of dims that must be equal,
 or a dim and a constant), bounds (a dim at least as large as an affine sum of
 others, or a constant), and for each output dim where its size can be taken from.
 Both call paths check the ties and the bounds before every call; the checked path
@@ -27,12 +27,19 @@ the variables of ``scf.for`` loops over argument dims (see :class:`_LoopNest`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from mlir import ir, passmanager
+from mlir import ir
 
-from ..model.shapes import AffineBound, Bound, Dim, Expr, Tie
-from ..model.signature import ArgSpec, MemRefSpec
+from ..errors import SignatureError
+from .control_flow import EveryRun
+from ..model.dims import Dim
+from ..model.shapes import AffineBound, Bound, Expr, ShapeRules, Tie
+from .inlining import Inlined, defined_function, structured_names  # noqa: F401  (the CLI reads structured_names)
+from .reshapes import KEEP_BASE, RESHAPES, reshape_view
+from ..model.signature import ArgSpec, MemRefSpec, UnrankedSpec
+from .types import read_signature
+from ..model.views import Size, View
 
 _DYNAMIC = -(1 << 63)
 """How a slice's static offsets, sizes and strides mark a dynamic one (``ShapedType::kDynamic``)."""
@@ -54,6 +61,14 @@ def argument_of(value: ir.Value, entry: ir.Block) -> int | None:
 def argument_view(value: ir.Value, entry: ir.Block) -> tuple[int, tuple[int, ...] | None] | None:
     """The kernel argument ``value`` is a view of, as :func:`argument_of` finds it or through
     ``memref.transpose``; and which of the argument's dims each of the view's dims is (None: the same)."""
+    origin, dims = trace(value, entry)
+    return (origin, dims) if isinstance(origin, int) else None
+
+
+def trace(value: ir.Value, entry: ir.Block) -> tuple[int | ir.Operation | None, tuple[int, ...] | None]:
+    """What ``value`` is, looking through what :func:`argument_view` looks through: the number of the kernel
+    argument, or the op that made it (None: a block argument of something else); and which of that one's
+    dims each of ``value``'s dims is (None: the same)."""
     dims: tuple[int, ...] | None = None
     while True:
         if isinstance(value, ir.BlockArgument):
@@ -61,29 +76,29 @@ def argument_view(value: ir.Value, entry: ir.Block) -> tuple[int, tuple[int, ...
                 return value.arg_number, dims
             loop = value.owner.owner
             if loop.name != "scf.for" or value.arg_number == 0:
-                return None
+                return None, dims
             carried = _carried(loop, value.arg_number - 1)
             if carried is None:
-                return None
+                return None, dims
             value = carried
             continue
         owner = _defining_op(value)
         if owner is None:
-            return None
+            return None, dims
         source = _same_buffer_source(owner)
         if source is not None:
             value = source
         elif owner.name == "scf.for":
             carried = _carried(owner, ir.OpResult(value).result_number)
             if carried is None:
-                return None
+                return owner, dims
             value = carried
         elif owner.name == "memref.transpose":
             source_dims = [r.position for r in ir.AffineMapAttr(owner.attributes["permutation"]).value.results]
             dims = tuple(source_dims[d] for d in (dims if dims is not None else range(len(source_dims))))
             value = owner.operands[0]
         else:
-            return None
+            return owner, dims
 
 
 _INSERTS = frozenset({"tensor.insert", "tensor.insert_slice"})
@@ -113,14 +128,21 @@ def _carried(loop: ir.Operation, j: int) -> ir.Value | None:
     return loop.operands[3 + j]
 
 
-def unconditional(op: ir.Operation, function: ir.Operation) -> bool:
-    """Whether ``op`` runs on every call: in the function's entry block, inside no ``scf.if``."""
-    parent = op.parent
-    while parent is not None and parent != function:
+def unconditional(op: ir.Operation, function: ir.Operation, blocks: EveryRun | None = None) -> bool:
+    """Whether ``op`` runs on every call: inside no ``scf.if``, and in a block every path through its region
+    passes (the entry block, or one that post-dominates it: see :mod:`memkernel.analysis.control_flow`).
+    ``blocks`` keeps the blocks' answers across calls for the same function."""
+    blocks = EveryRun() if blocks is None else blocks
+    current = op
+    while True:
+        parent = current.parent
+        if parent is None or not blocks.passes_through(current.block):
+            return False
+        if parent == function:
+            return True
         if parent.name in _CONDITIONAL or parent.name == "func.func":
             return False
-        parent = parent.parent
-    return parent is not None
+        current = parent
 
 
 def _defining_op(value: ir.Value) -> ir.Operation | None:
@@ -195,10 +217,22 @@ def _dims_of(expr: Expr) -> set[int]:
 
 
 class _Collector:
-    def __init__(self, kernel: str, entry: ir.Block, ranks: Sequence[int | None]) -> None:
+    """The rules one function's ops put on the dims of its arguments and of the views it makes of them."""
+
+    def __init__(self, kernel: str, function: ir.Operation, specs: Sequence[ArgSpec], names: Sequence[str],
+                 origin: Callable[[ir.Operation], str]) -> None:
         self.kernel = kernel
-        self.entry = entry
-        self.ranks = ranks
+        self.function = function
+        self.entry = function.regions[0].blocks[0]
+        self.ranks = [s.rank if isinstance(s, MemRefSpec) else None for s in specs]
+        self.n = len(specs)
+        self.names = list(names)
+        self.origin = origin
+        self.views: list[View] = []
+        # The arguments whose memory is one run of their elements, which a reinterpret_cast may reshape.
+        self._bases = {i: i for i, s in enumerate(specs)
+                       if isinstance(s, UnrankedSpec) or isinstance(s, MemRefSpec) and s.layout is None}
+        self._reshaped: dict[ir.Operation, tuple[int, tuple[Dim, ...]] | None] = {}
         self.ties: list[Tie] = []
         self.bounds: list[Bound] = []
         self.affine_bounds: list[AffineBound] = []
@@ -207,34 +241,89 @@ class _Collector:
         if a != b:
             self.ties.append(Tie(a, b, reason))
 
-    def _arguments(self, values: Sequence[ir.Value]) -> list[int | None]:
-        """The memref or tensor argument each of ``values`` is, with the same dims; None for anything else."""
-        return [view[0] if view is not None and view[1] is None else None for view in self._views(values)]
+    def dims_of(self, value: ir.Value) -> tuple[int, tuple[Dim, ...]] | None:
+        """The argument or view that ``value`` is (as :func:`trace` finds it), and the dim each of ``value``'s
+        dims is; None for anything else (a scalar, an unranked memref, memory the kernel allocated)."""
+        origin, order = trace(value, self.entry)
+        if isinstance(origin, int):
+            rank = self.ranks[origin]
+            if rank is None:
+                return None
+            found: tuple[int, tuple[Dim, ...]] | None = (origin, tuple(Dim(origin, k) for k in range(rank)))
+        elif origin is not None and origin.name in RESHAPES:
+            found = self._reshape(origin)
+        else:
+            return None
+        if found is None or order is None:
+            return found
+        return found[0], tuple(found[1][k] for k in order)
 
-    def _views(self, values: Sequence[ir.Value]) -> list[tuple[int, tuple[int, ...] | None] | None]:
-        """The memref or tensor argument each of ``values`` views, and its dims (see :func:`argument_view`)."""
-        found = []
-        for value in values:
-            view = argument_view(value, self.entry)
-            found.append(view if view is not None and self.ranks[view[0]] is not None else None)
+    def _reshape(self, op: ir.Operation) -> tuple[int, tuple[Dim, ...]] | None:
+        """The view ``op`` makes of an argument, made once (see :mod:`memkernel.analysis.reshapes`); a
+        SignatureError if its sizes cannot be read."""
+        if op in self._reshaped:
+            return self._reshaped[op]
+        self._reshaped[op] = None
+        source = self.dims_of(op.operands[0])
+        unranked, _ = trace(op.operands[0], self.entry)
+        if source is None and isinstance(unranked, int) and unranked in self._bases:
+            source = unranked, ()  # an unranked argument: its dims are unknown, its memory is not
+        if source is None:
+            return None
+        origin, dims = source
+        index = self.n + len(self.views)
+        nest = _LoopNest.around(op, self.function, self)
+        guards = () if nest is None else tuple(d for _, d in nest.guards)
+        base = self._bases.get(origin)
+        reason = self.origin(op)
+        view = reshape_view(op, origin, dims, self.names, index, self.size, base, guards, reason)
+        if isinstance(view, str):
+            raise SignatureError(f"{self.kernel}(): {reason} of {self.names[origin]} {view}")
+        self.views.append(view)
+        self.names.append(view.name(self.names))
+        if op.name in KEEP_BASE and base is not None:
+            self._bases[index] = base
+        # A view dim that is one dim of its source is that dim: its rules stay rules on the arguments.
+        found = index, tuple(size.factors[0] if len(size.factors) == 1 and size == Size(size.factors) else Dim(index, k)
+                             for k, size in enumerate(view.dims))
+        self._reshaped[op] = found
         return found
+
+    def size(self, value: ir.Value) -> Size | None:
+        """What an index value is as a product of dims and constants: a constant, a ``memref.dim`` of an
+        argument or view, their products and index casts; None for anything else."""
+        constant = _constant(value)
+        if constant is not None:
+            return Size((), constant)
+        owner = _defining_op(value)
+        if owner is not None and owner.name in ("arith.index_cast", "arith.index_castui"):
+            return self.size(owner.operands[0])
+        if owner is not None and owner.name in ("arith.muli", "index.mul"):
+            left, right = self.size(owner.operands[0]), self.size(owner.operands[1])
+            if left is None or right is None or left.divisor != 1 or right.divisor != 1:
+                return None
+            return Size(left.factors + right.factors, left.constant * right.constant)
+        dim = self.dim(value)
+        return None if dim is None else Size((dim,))
 
     def structured(self, op: ir.Operation, reason: str) -> None:
         maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
-        views = self._views(list(op.operands)[:len(maps)])
+        operands = [self.dims_of(v) for v in list(op.operands)[:len(maps)]]
+        placed = [(found[1], amap) for found, amap in zip(operands, maps) if found is not None]
+        # Each loop dim is tied to the first argument dim it indexes (a view's dim only if no argument's).
         loop_dims: dict[int, Dim] = {}
-        affine: list[tuple[Dim, dict[int, int], int]] = []
-        general: list[tuple[Dim, Expr]] = []
-        for view, amap in zip(views, maps):
-            if view is None:
-                continue
-            arg, dims = view
-            for k, expr in enumerate(amap.results):
-                here = Dim(arg, k if dims is None else dims[k])
+        for dims, amap in placed:
+            for here, expr in zip(dims, amap.results):
                 if isinstance(expr, ir.AffineDimExpr):
                     first = loop_dims.setdefault(expr.position, here)
-                    if first != here:
-                        self.tie(first, here, reason)
+                    if first.arg >= self.n and here.arg < self.n:
+                        loop_dims[expr.position] = here
+        affine: list[tuple[Dim, dict[int, int], int]] = []
+        general: list[tuple[Dim, Expr]] = []
+        for dims, amap in placed:
+            for here, expr in zip(dims, amap.results):
+                if isinstance(expr, ir.AffineDimExpr):
+                    self.tie(loop_dims[expr.position], here, reason)
                     continue
                 serialized = _expression(expr)
                 linear = _linear(serialized)
@@ -264,45 +353,88 @@ class _Collector:
     def slice(self, op: ir.Operation, source: ir.Value, nest: _LoopNest, reason: str) -> None:
         """A ``memref.subview``/``tensor.extract_slice``/``tensor.insert_slice`` of ``source``: each dim whose
         offset, size and stride are constants must reach the slice's last index."""
-        arg = self._arguments([source])[0]
-        if arg is None:
+        found = self.dims_of(source)
+        if found is None:
             return
         parts = [ir.DenseI64ArrayAttr(op.attributes[f"static_{kind}"]) for kind in ("offsets", "sizes", "strides")]
-        for k, (offset, size, stride) in enumerate(zip(*parts)):
+        for dim, offset, size, stride in zip(found[1], *parts):
             if _DYNAMIC not in (offset, size, stride) and size > 0:
-                self.bound(Bound(Dim(arg, k), nest.guards, offset + (size - 1) * stride, reason, "reaches"))
+                self.bound(Bound(dim, nest.guards, offset + (size - 1) * stride, reason, "reaches"))
 
     def element(self, memory: ir.Value, indices: Sequence[ir.Value], nest: _LoopNest, reason: str,
                 shape: Sequence[int] = ()) -> None:
         """A load or store of ``memory`` at ``indices`` (of a vector of ``shape`` over its last dims): each
         index that is a constant, or a loop's induction variable plus a non-negative constant, must lie inside
         its dim."""
-        arg = self._arguments([memory])[0]
-        if arg is None:
+        found = self.dims_of(memory)
+        if found is None:
             return
         extents = [1] * (len(indices) - len(shape)) + list(shape)
-        for k, (index, extent) in enumerate(zip(indices, extents)):
+        for dim, index, extent in zip(found[1], indices, extents):
             reach = nest.reach(index)
             if reach is not None and extent > 0:
                 terms, constant = reach
-                self.bound(Bound(Dim(arg, k), terms, constant + extent - 1, reason, "reaches"))
+                self.bound(Bound(dim, terms, constant + extent - 1, reason, "reaches"))
 
     def dim(self, value: ir.Value) -> Dim | None:
-        """The argument dim ``value`` is the size of (a ``memref.dim``/``tensor.dim`` at a constant index)."""
+        """The argument or view dim ``value`` is the size of (a ``memref.dim``/``tensor.dim`` at a constant
+        index)."""
         owner = _defining_op(value)
         if owner is None or owner.name not in ("memref.dim", "tensor.dim"):
             return None
-        arg = self._arguments([owner.operands[0]])[0]
+        found = self.dims_of(owner.operands[0])
         k = _constant(owner.operands[1])
-        return None if arg is None or k is None else Dim(arg, k)
+        return None if found is None or k is None or not 0 <= k < len(found[1]) else found[1][k]
 
     def all_dims(self, op: ir.Operation, reason: str) -> None:
-        args = [a for a in self._arguments(list(op.operands)) if a is not None]
-        for other in args[1:]:
-            rank = self.ranks[args[0]]
-            if rank is not None and rank == self.ranks[other]:
-                for k in range(rank):
-                    self.tie(Dim(args[0], k), Dim(other, k), reason)
+        operands = [found[1] for found in map(self.dims_of, op.operands) if found is not None]
+        for other in operands[1:]:
+            if len(other) == len(operands[0]):
+                for a, b in zip(operands[0], other):
+                    self.tie(a, b, reason)
+
+    def called(self, op: ir.Operation, callee: ShapeRules, guards: tuple[tuple[int, Dim], ...] | None) -> None:
+        """The rules of the function a ``func.call`` calls (the argument rules of ``callee``), on the dims of
+        what the call passes. ``guards``: the loops around the call, as :class:`_LoopNest` gives them (None if
+        something else encloses it: then the callee's bounds are left out, as an access's would be)."""
+        passed = [self.dims_of(v) if isinstance(v.type, ir.ShapedType) else None for v in op.operands]
+
+        def mapped(dim: Dim) -> Dim | None:
+            found = passed[dim.arg] if dim.arg < len(passed) else None
+            return found[1][dim.dim] if found is not None and dim.dim < len(found[1]) else None
+
+        for tie in callee.ties:
+            a, b = mapped(tie.a), None if tie.b is None else mapped(tie.b)
+            if a is not None and b is not None:
+                self.tie(a, b, tie.reason)
+        if guards is None:
+            return
+        for bound in callee.bounds:
+            target, terms = mapped(bound.target), [(c, mapped(d)) for c, d in bound.terms]
+            if target is not None and all(d is not None for _, d in terms):
+                self.bound(Bound(target, tuple((c, d) for c, d in terms if d is not None) + guards, bound.constant,
+                                 bound.reason, bound.verb))
+        for affine in callee.affine_bounds if not guards else ():
+            target, loops = mapped(affine.target), [(j, mapped(d)) for j, d in affine.loops]
+            if target is not None and all(d is not None for _, d in loops):
+                self.affine_bounds.append(AffineBound(target, affine.expr, tuple((j, d) for j, d in loops
+                                                                                 if d is not None), affine.reason))
+
+    def rules(self) -> ShapeRules:
+        """The rules collected: those on views' dims apart, and the views only if something checks them."""
+        def on_arguments(*dims: Dim | None) -> bool:
+            return all(d is None or d.arg < self.n for d in dims)
+
+        ties = [t for t in self.ties if on_arguments(t.a, t.b)]
+        bounds = [b for b in self.bounds if on_arguments(b.target, *(d for _, d in b.terms))]
+        affine = [b for b in self.affine_bounds if on_arguments(b.target, *(d for _, d in b.loops))]
+        through = ShapeRules(tuple(t for t in self.ties if t not in ties),
+                             tuple(b for b in self.bounds if b not in bounds), {}, (),
+                             tuple(b for b in self.affine_bounds if b not in affine))
+        checked = any(v.splits or v.reach for v in self.views) or through.ties or through.bounds \
+            or through.affine_bounds
+        views = tuple(self.views) if checked else ()
+        return ShapeRules(tuple(ties), tuple(bounds), {}, (), tuple(affine), views, through if views else None)
 
 
 def _is_elementwise_on_tensors(op: ir.Operation) -> bool:
@@ -310,37 +442,68 @@ def _is_elementwise_on_tensors(op: ir.Operation) -> bool:
             and all(isinstance(v.type, ir.RankedTensorType) for v in op.operands))
 
 
-def ir_rules(module: ir.Module, function: str, specs: Sequence[ArgSpec]
-             ) -> tuple[list[Tie], list[Bound], list[AffineBound]]:
-    """The ties and bounds that ``func.func @function``'s ops put on its arguments.
+def ir_rules(module: ir.Module, function: str, specs: Sequence[ArgSpec], names: Sequence[str] = (),
+             visiting: frozenset[str] = frozenset()) -> ShapeRules:
+    """The ties and bounds that ``func.func @function``'s ops, and those of the functions it calls, put on its
+    arguments (named ``names`` in messages), and on the views it makes of them; no dim names yet.
 
-    Works on a copy of the module with linalg's named ops generalized, so that
-    every structured op shows its indexing maps.
+    Works on a copy of the module with the calls inlined and linalg's named ops
+    generalized (see :mod:`memkernel.analysis.inlining`); a call the inliner leaves is
+    read through its callee's own rules, unless the callee is one of ``visiting``
+    (the functions whose rules are being read). Raises SignatureError for a reshape
+    of an argument whose sizes cannot be read (see :mod:`memkernel.analysis.reshapes`).
     """
-    original = structured_names(module)
-    copy = module.operation.clone()
-    passmanager.PassManager.parse("builtin.module(func.func(linalg-generalize-named-ops))",
-                                  module.context).run(copy.operation)
-    func = next(op.operation for op in copy.regions[0].blocks[0].operations
-                if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == function)
-    entry = func.regions[0].blocks[0]
-    ranks = [s.rank if isinstance(s, MemRefSpec) else None for s in specs]
-    collector = _Collector(function, entry, ranks)
+    inlined = Inlined(module, function)
+    func = inlined.function
+    collector = _Collector(function, func, specs, names or [f"argument #{i}" for i in range(len(specs))],
+                           inlined.origin)
+    blocks = EveryRun()
 
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op == func or not unconditional(op, func):
-            return ir.WalkResult.ADVANCE
-        reason = f"@{function}'s {op.name}"
+    for op in _operations(func):
+        if not unconditional(op, func, blocks):
+            continue
+        reason = inlined.origin(op)
         if op.name.startswith("linalg.") and "indexing_maps" in op.attributes:
-            collector.structured(op, f"@{function}'s {original.get(str(op.location), op.name)}")
+            collector.structured(op, reason)
         elif op.name in ("memref.copy",) or _is_elementwise_on_tensors(op):
             collector.all_dims(op, reason)
+        elif op.name in RESHAPES:
+            collector.dims_of(op.results[0])
+        elif op.name == "func.call":
+            callee = _callee_rules(module, ir.FlatSymbolRefAttr(op.attributes["callee"]).value,
+                                   visiting | {function})
+            if callee is not None:
+                nest = _LoopNest.around(op, func, collector)
+                collector.called(op, callee, None if nest is None else nest.guards)
         else:
             _accesses(collector, op, func, reason)
+    return collector.rules()
+
+
+def _callee_rules(module: ir.Module, callee: str, visiting: frozenset[str]) -> ShapeRules | None:
+    """The rules of a function a call the inliner left calls, read on its own; None for a function only
+    declared, one of ``visiting``, or one whose arguments or reshapes the rules cannot read."""
+    function = defined_function(module.operation, callee)
+    if function is None or callee in visiting:
+        return None
+    try:
+        return ir_rules(module, callee, read_signature(function).args, visiting=visiting)
+    except SignatureError:
+        return None
+
+
+def _operations(function: ir.Operation) -> list[ir.Operation]:
+    """The ops inside ``function``, in the order ``walk`` visits them; listed first, so that reading them
+    raises its errors outside MLIR's callback (which would wrap them in a RuntimeError)."""
+    found: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op != function:
+            found.append(op)
         return ir.WalkResult.ADVANCE
 
-    func.walk(visit)
-    return collector.ties, collector.bounds, collector.affine_bounds
+    function.walk(visit)
+    return found
 
 
 class _LoopNest:
@@ -422,16 +585,3 @@ def _accesses(collector: _Collector, op: ir.Operation, function: ir.Operation, r
         vector_type = op.results[0].type if op.name == "vector.load" else op.operands[0].type
         shape = list(vector_type.shape) if op.name.startswith("vector.") else []
         collector.element(memory, indices, nest, reason, shape)
-
-
-def structured_names(module: ir.Module) -> dict[str, str]:
-    """The linalg ops of ``module`` by location: what a generalized op was called before."""
-    names: dict[str, str] = {}
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name.startswith("linalg."):
-            names.setdefault(str(op.location), op.name)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
-    return names

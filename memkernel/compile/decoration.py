@@ -3,7 +3,7 @@ pipeline, read the kernel's IR (:func:`read_kernel`), and its callback declarati
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from mlir import ir
 
@@ -16,13 +16,15 @@ from ..options import KernelOptions
 from .pipeline import check_before_lowering, parse_pipeline
 
 
-def read_kernel(options: KernelOptions, requested: str | None) -> tuple[KernelIR, ParsedSource]:
+def read_kernel(options: KernelOptions, requested: str | None,
+                parameters: Sequence[str] = ()) -> tuple[KernelIR, ParsedSource]:
     """The IR of kernel ``requested`` (None: a lambda's, the source's only function) of ``options.source``,
-    and the parsed source. Raises CompileError for a pass pipeline that does not parse, MLIRSyntaxError for
-    a source that does not, SignatureError for a kernel memkernel cannot call."""
+    and the parsed source; ``parameters`` name its inputs in messages. Raises CompileError for a pass
+    pipeline that does not parse, MLIRSyntaxError for a source that does not, SignatureError for a kernel
+    memkernel cannot call."""
     pipeline = parse_pipeline(options.pipeline, options.parallel, options.schedule, options.checked_wanted)
     parsed = parse_source(options.source)
-    kernel = analyse(parsed, kernel_name(parsed, requested))
+    kernel = analyse(parsed, kernel_name(parsed, requested), parameters)
     with MLIR_LOCK, parsed.context:
         check_before_lowering(parsed.module, pipeline)
     return kernel, parsed

@@ -601,10 +601,12 @@ def fast_path(spec: KernelSpec, results: Sequence[ArgSpec]) -> FastPath | None:
     ``n_inputs``) and the outputs tuple. The shape ties and the overlap pairs
     are checked in compiled code, and so are the linear bounds (a dim at least a
     sum of others, as a convolution's window asks); a kernel with other affine
-    bounds is left to the checked path, which checks them.
+    bounds, or with rules on views of its arguments, is left to the checked
+    path, which checks them.
     """
     scalars = [r for r in results if isinstance(r, ScalarSpec)]
-    if not all(_handles(c) for c in spec.contracts) or len(scalars) != len(results) or spec.shapes.affine_bounds:
+    if not all(_handles(c) for c in spec.contracts) or len(scalars) != len(results) or spec.shapes.affine_bounds \
+            or spec.shapes.views:
         return None
     # The entry passes declined calls on with PyObject_Vectorcall, a real export from Python 3.11 on.
     has_entry = not results and spec.n_outputs <= 1 and has_c_function("PyObject_Vectorcall")

@@ -22,10 +22,11 @@ from .dtypes import ElementType, dtype_named, element_named
 from .kernel_spec import KernelIR
 from .shapes import AffineBound, Bound, Dim, ShapeRules, Tie
 from .signature import MemRefSpec, ScalarSpec, Signature, Strided, UnrankedSpec
+from .views import Reach, Size, Split, View
 
 _TYPES: dict[str, type] = {cls.__name__: cls for cls in (
     KernelIR, Signature, MemRefSpec, UnrankedSpec, ScalarSpec, Strided, Tie, Bound, AffineBound, Dim,
-    ShapeRules, BufferContract, ScalarContract)}
+    ShapeRules, BufferContract, ScalarContract, View, Size, Split, Reach)}
 
 
 class CodecError(ValueError):

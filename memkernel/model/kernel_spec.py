@@ -9,6 +9,7 @@ call reads. Nothing at call time reads MLIR again.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,21 +17,20 @@ from typing import Any
 
 from ..errors import SignatureError
 from .contract import BufferContract, Contract, contract_for
-from .shapes import AffineBound, Bound, Dim, ShapeRules, Tie, named_rules
+from .shapes import Dim, ShapeRules, named_rules
 from .signature import ArgSpec, MemRefSpec, ScalarSpec, Signature
 
 
 @dataclass(frozen=True)
 class KernelIR:
     """What the kernel's IR says, read once at decoration: its signature, the memref arguments it may
-    write, the dims its ops tie and the bounds its accesses need, and whether it holds a ``cf.assert``."""
+    write, the rules its ops put on its arguments' dims (no dim names yet), and whether it holds a
+    ``cf.assert``."""
 
     name: str
     signature: Signature
     written: frozenset[int]
-    ties: tuple[Tie, ...]
-    bounds: tuple[Bound, ...]
-    affine_bounds: tuple[AffineBound, ...]
+    rules: ShapeRules
     asserts: bool
 
 
@@ -174,5 +174,5 @@ def bind(ir: KernelIR, function: Callable[..., Any]) -> KernelSpec:
         for i, spec in enumerate(signature.args)
     )
     named, names, outputs = named_rules(name, parameters, returned, signature.args)
-    shapes = ShapeRules(ir.ties + tuple(named), ir.bounds, names, outputs, ir.affine_bounds)
+    shapes = dataclasses.replace(ir.rules, ties=ir.rules.ties + tuple(named), names=names, output_names=outputs)
     return KernelSpec(name, signature, parameters, written, contracts, shapes, ir.asserts)

@@ -1,10 +1,11 @@
-"""The shape rules of a kernel's arguments, as data: which dims must agree, how far accesses reach.
+"""The shape rules of a kernel's arguments, as data: which dims must agree, how far accesses reach, and the
+reshapes of arguments (:mod:`memkernel.model.views`) the rules also name.
 
 :mod:`memkernel.analysis.shapes` derives them from the IR at decoration, and
 :func:`named_rules` from the dim names of the Python signature. Both call paths
 check them before every call: the checked path through :meth:`ShapeRules.check`,
 the compiled fast path through the code :mod:`memkernel.fastpath.emitter`
-derives from the same rules.
+derives from the same rules (a kernel with rules on views takes the checked path).
 """
 
 from __future__ import annotations
@@ -16,15 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ShapeError, SignatureError
+from .dims import Dim
 from .signature import ArgSpec, MemRefSpec
+from .views import View
 
-
-@dataclass(frozen=True)
-class Dim:
-    """Dim ``dim`` of MLIR argument ``arg``."""
-
-    arg: int
-    dim: int
+__all__ = ["AffineBound", "Bound", "Dim", "Expr", "ShapeRules", "Tie", "interval", "named_rules"]
 
 
 @dataclass(frozen=True)
@@ -101,6 +98,10 @@ class ShapeRules:
     names: dict[int, tuple[str, ...]]
     output_names: tuple[tuple[str, ...] | None, ...]
     affine_bounds: tuple[AffineBound, ...] = ()
+    views: tuple[View, ...] = ()
+    """Reshapes of the arguments (see :mod:`memkernel.model.views`), which ``through_views`` names: dim ``k`` of
+    view ``i`` of a kernel of ``n`` arguments is ``Dim(n + i, k)``. The checked path alone checks them."""
+    through_views: ShapeRules | None = None
 
     def source_of(self, dim: Dim, n_inputs: int, specs: Sequence[ArgSpec]) -> Dim | int | None:
         """Where an output dim's size comes from: an input's dim, a static size, or None if nothing says."""
@@ -155,6 +156,19 @@ class ShapeRules:
             self._check_bound(kernel, names, shapes, bound, allocated)
         for affine in self.affine_bounds:
             self._check_affine(kernel, names, shapes, affine)
+        if self.views:
+            self._check_views(kernel, names, shapes, allocated)
+
+    def _check_views(self, kernel: str, names: Sequence[str], shapes: Sequence[tuple[int, ...] | None],
+                     allocated: Collection[int]) -> None:
+        """Work out each view's shape from the arguments' (checking what the view asks of them), then check the
+        rules on the views' dims."""
+        names, shapes = list(names), list(shapes)
+        for view in self.views:
+            shapes.append(view.shape(kernel, names, shapes))
+            names.append(view.name(names))
+        if self.through_views is not None:
+            self.through_views.check(kernel, names, shapes, allocated)
 
     @staticmethod
     def _check_affine(kernel: str, names: Sequence[str], shapes: Sequence[tuple[int, ...] | None],

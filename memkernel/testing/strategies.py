@@ -4,9 +4,9 @@
 input (its dtype, rank and static dims from the type), a number per scalar
 input (within its type's range), and nothing for the outputs the call
 allocates. The ``?`` dims are drawn per class of tied dims (union-find over
-the kernel's :class:`~memkernel.analysis.shapes.Tie` s, from the IR and from named
+the kernel's :class:`~memkernel.model.shapes.Tie` s, from the IR and from named
 dims), so that every tied dim gets one size; a dim that a
-:class:`~memkernel.analysis.shapes.Bound` constrains (a convolution's input) is
+:class:`~memkernel.model.shapes.Bound` constrains (a convolution's input) is
 then raised to the bound. Sizes shrink towards ``min_side`` and views towards
 plain contiguous arrays.
 """

@@ -608,3 +608,52 @@ def test_a_transposed_view_of_an_argument_ties_its_dims_through_the_permutation(
     with pytest.raises(ShapeError, match=re.escape(
             "abt(): b has 3 elements on dim 0 but out has 100 on dim 1; @abt's linalg.matmul needs them equal.")):
         abt(a, b, out=np.zeros((5, 100), F32))
+
+
+# -- accesses behind branches of a cf control-flow graph ---------------------------------
+
+# y[5] = 1 only when y has more than 5 elements: the store's block runs behind the cf.cond_br's test.
+GUARDED_BY_BRANCH = """func.func @put(%y: memref<?xf32>) {
+  %c0 = arith.constant 0 : index
+  %c5 = arith.constant 5 : index
+  %n = memref.dim %y, %c0 : memref<?xf32>
+  %big = arith.cmpi sgt, %n, %c5 : index
+  cf.cond_br %big, ^store, ^done
+^store:
+  %one = arith.constant 1.0 : f32
+  memref.store %one, %y[%c5] : memref<?xf32>
+  cf.br ^done
+^done:
+  return
+}"""
+
+# out = a + b in the block where both branches meet again: it runs on every call.
+ADD_AFTER_BRANCHES = """func.func @add(%a: memref<?xf32>, %b: memref<?xf32>, %go: i1, %out: memref<?xf32>) {
+  cf.cond_br %go, ^left, ^right
+^left:
+  cf.br ^join
+^right:
+  cf.br ^join
+^join:
+  linalg.add ins(%a, %b : memref<?xf32>, memref<?xf32>) outs(%out : memref<?xf32>)
+  return
+}"""
+
+
+@pytest.mark.parametrize("n", [0, 3, 5, 6, 9])
+def test_a_store_behind_a_cf_branch_asks_nothing_of_calls_that_skip_it(n):
+    put = mlir_kernel(GUARDED_BY_BRANCH)(lambda y: None)
+    y = np.zeros(n, F32)
+    put(y)
+    expected = np.zeros(n, F32)
+    expected[5:6] = 1
+    np.testing.assert_array_equal(y, expected)
+
+
+def test_an_op_where_cf_branches_meet_again_still_ties_its_operands():
+    add = mlir_kernel(ADD_AFTER_BRANCHES)(lambda a, b, go: None)
+    a, b = np.arange(4, dtype=F32), np.full(4, 2, F32)
+    np.testing.assert_array_equal(add(a, b, True), a + b)
+    with pytest.raises(ShapeError, match=re.escape(
+            "add(): a has 4 elements on dim 0 but b has 3 on dim 0; @add's linalg.add needs them equal.")):
+        add(a, b[:3], False)

@@ -51,6 +51,13 @@ func.func @k(%x: memref<?xf32>, %y: memref<?xf32>) {
   return
 }"""
 
+RESHAPE = """
+func.func @k(%x: memref<?x4xf32>, %y: memref<?xf32>) {
+  %c = memref.collapse_shape %x [[0, 1]] : memref<?x4xf32> into memref<?xf32>
+  memref.copy %c, %y : memref<?xf32> to memref<?xf32>
+  return
+}"""
+
 SOURCES = {
     "elementwise": elementwise("arith.addf", "memref<?x?xf32>", "f32", 2, name="k"),
     "matmul": MATMUL,
@@ -58,6 +65,7 @@ SOURCES = {
     "strided, unranked, 0-d, scalars, results": STRIDED_SCALARS,
     "tensors": TENSORS,
     "loop bounds": WINDOW,
+    "reshape views": RESHAPE,
 }
 
 
@@ -67,6 +75,7 @@ def test_what_decoration_reads_round_trips_through_the_codec(source):
     text = codec.dumps(kernel_ir)
     back = codec.loads(text)
     assert isinstance(back, KernelIR)
+    assert back.rules.views or "collapse_shape" not in source
     assert back == kernel_ir
     assert codec.dumps(back) == text
     assert codec.digest(back) == codec.digest(kernel_ir)

@@ -1,0 +1,158 @@
+"""The shape rules read the functions a kernel calls as if their bodies were in place of the calls."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from memkernel import ShapeError, mlir_kernel
+
+F32 = np.float32
+
+HELPER = """func.func private @helper(%a: memref<?xf32>, %b: memref<?xf32>, %o: memref<?xf32>) {
+  linalg.add ins(%a, %b : memref<?xf32>, memref<?xf32>) outs(%o : memref<?xf32>)
+  return
+}
+"""
+
+# The issue's kernel: @add's work is @helper's linalg.add.
+CALLS_HELPER = HELPER + """func.func @add(%a: memref<?xf32>, %b: memref<?xf32>, %out: memref<?xf32>) {
+  call @helper(%a, %b, %out) : (memref<?xf32>, memref<?xf32>, memref<?xf32>) -> ()
+  return
+}"""
+
+# y[i] = x[i + 2] for each i of y, the load done by @get, which takes the caller's loop index.
+GET_IN_A_LOOP = """func.func private @get(%x: memref<?xf32>, %i: index) -> f32 {
+  %c2 = arith.constant 2 : index
+  %j = arith.addi %i, %c2 : index
+  %v = memref.load %x[%j] : memref<?xf32>
+  return %v : f32
+}
+func.func @shifted(%x: memref<?xf32>, %y: memref<?xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %n = memref.dim %y, %c0 : memref<?xf32>
+  scf.for %i = %c0 to %n step %c1 {
+    %v = func.call @get(%x, %i) : (memref<?xf32>, index) -> f32
+    memref.store %v, %y[%i] : memref<?xf32>
+  }
+  return
+}"""
+
+# @add calls @twice, a function of two blocks, which calls @helper on both sides of its branch.
+THROUGH_TWO_LEVELS = HELPER + """func.func private @twice(%a: memref<?xf32>, %b: memref<?xf32>, %o: memref<?xf32>) {
+  call @helper(%a, %b, %o) : (memref<?xf32>, memref<?xf32>, memref<?xf32>) -> ()
+  cf.br ^again
+^again:
+  call @helper(%o, %b, %o) : (memref<?xf32>, memref<?xf32>, memref<?xf32>) -> ()
+  return
+}
+func.func @add(%a: memref<?xf32>, %b: memref<?xf32>, %out: memref<?xf32>) {
+  call @twice(%a, %b, %out) : (memref<?xf32>, memref<?xf32>, memref<?xf32>) -> ()
+  return
+}"""
+
+# @helper has two blocks, which the inliner cannot put in an scf.for body: its rules are carried over instead.
+IN_A_LOOP_OF_ONE = """func.func private @helper(%a: memref<?xf32>, %b: memref<?xf32>, %o: memref<?xf32>) {
+  cf.br ^add
+^add:
+  linalg.add ins(%a, %b : memref<?xf32>, memref<?xf32>) outs(%o : memref<?xf32>)
+  return
+}
+func.func @add(%a: memref<?xf32>, %b: memref<?xf32>, %out: memref<?xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  scf.for %i = %c0 to %c1 step %c1 {
+    func.call @helper(%a, %b, %out) : (memref<?xf32>, memref<?xf32>, memref<?xf32>) -> ()
+  }
+  return
+}"""
+
+# y[i] = x[5] for each i of y, x[5] read by a function of two blocks: asked only when the loop runs.
+LOAD_IN_A_CALLEE_OF_TWO_BLOCKS = """func.func private @sixth(%x: memref<?xf32>) -> f32 {
+  %c5 = arith.constant 5 : index
+  cf.br ^load
+^load:
+  %v = memref.load %x[%c5] : memref<?xf32>
+  return %v : f32
+}
+func.func @fill(%x: memref<?xf32>, %y: memref<?xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %n = memref.dim %y, %c0 : memref<?xf32>
+  scf.for %i = %c0 to %n step %c1 {
+    %v = func.call @sixth(%x) : (memref<?xf32>) -> f32
+    memref.store %v, %y[%i] : memref<?xf32>
+  }
+  return
+}"""
+
+CALLED_UNDER_IF = HELPER + """func.func @maybe(%a: memref<?xf32>, %b: memref<?xf32>, %go: i1, %out: memref<?xf32>) {
+  scf.if %go {
+    func.call @helper(%a, %b, %out) : (memref<?xf32>, memref<?xf32>, memref<?xf32>) -> ()
+  }
+  return
+}"""
+
+
+def test_a_linalg_op_in_a_called_function_ties_the_kernels_arguments():
+    add = mlir_kernel(CALLS_HELPER, name="add")(lambda a, b: None)
+    x = np.ones(65536, F32)
+    big = np.zeros(65536, F32)
+    with pytest.raises(ShapeError, match=re.escape(
+            "add(): a has 65536 elements on dim 0 but out has 4 on dim 0; @helper's linalg.add needs them equal.")):
+        add(x, x, out=big[:4])
+    assert not big.any()
+    a, b = np.arange(5, dtype=F32), np.full(5, 3, F32)
+    np.testing.assert_array_equal(add(a, b), a + b)  # out's shape comes from the callee's ties
+
+
+def test_an_access_in_a_callee_at_the_callers_loop_index_is_bounded():
+    shifted = mlir_kernel(GET_IN_A_LOOP, name="shifted")(lambda x, y: None)
+    x, y = np.arange(7, dtype=F32), np.zeros(5, F32)
+    shifted(x, y)
+    np.testing.assert_array_equal(y, x[2:])
+    with pytest.raises(ShapeError, match=re.escape(
+            "shifted(): x has 6 elements on dim 0 but @get's memref.load reaches up to index 6 there (y dim 0 = 5); "
+            "pass at least 7.")):
+        shifted(x[:6], y)
+    shifted(x[:0], y[:0])
+
+
+def test_calls_are_followed_through_every_level_and_block():
+    add = mlir_kernel(THROUGH_TWO_LEVELS, name="add")(lambda a, b: None)
+    a, b = np.arange(4, dtype=F32), np.full(4, 2, F32)
+    np.testing.assert_array_equal(add(a, b), a + 2 * b)
+    with pytest.raises(ShapeError, match=re.escape("a has 4 elements on dim 0 but b has 3 on dim 0; "
+                                                   "@helper's linalg.add needs them equal.")):
+        add(a, b[:3])
+
+
+def test_a_call_the_inliner_leaves_carries_its_callees_rules_over():
+    add = mlir_kernel(IN_A_LOOP_OF_ONE, name="add")(lambda a, b: None)
+    a, b = np.arange(4, dtype=F32), np.full(4, 2, F32)
+    np.testing.assert_array_equal(add(a, b), a + b)
+    with pytest.raises(ShapeError, match=re.escape(
+            "add(): a has 4 elements on dim 0 but out has 2 on dim 0; @helper's linalg.add needs them equal.")):
+        add(a, b, out=np.zeros(2, F32))
+
+
+def test_a_bound_carried_over_from_a_callee_holds_only_when_the_loops_around_the_call_run():
+    fill = mlir_kernel(LOAD_IN_A_CALLEE_OF_TWO_BLOCKS, name="fill")(lambda x, y: None)
+    x, y = np.arange(6, dtype=F32), np.zeros(3, F32)
+    fill(x, y)
+    np.testing.assert_array_equal(y, np.full(3, x[5]))
+    with pytest.raises(ShapeError, match=re.escape(
+            "fill(): x has 5 elements on dim 0 but @sixth's memref.load reaches up to index 5 there (y dim 0 = 3); "
+            "pass at least 6.")):
+        fill(x[:5], y)
+    fill(x[:0], y[:0])
+
+
+def test_a_call_under_scf_if_ties_nothing():
+    maybe = mlir_kernel(CALLED_UNDER_IF, name="maybe")(lambda a, b, go: None)
+    out = np.zeros(2, F32)
+    maybe(np.ones(5, F32), np.ones(5, F32), False, out=out)
+    assert not out.any()
