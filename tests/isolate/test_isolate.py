@@ -17,8 +17,8 @@ import memkernel.isolate
 from memkernel import (ArgumentError, CompileError, KernelCrashed, KernelTimeout, MemkernelError, ShapeError,
                        SignatureError, mlir_kernel)
 
-from .kernels import elementwise, total
-from .processes import REPO, run_python
+from ..kernels import elementwise, total
+from ..processes import REPO, run_python
 
 POKE = """
 func.func @poke(%address: i64, %value: f32) {

@@ -1,4 +1,8 @@
-"""Regression tests for what a hostile review of containment found: each once broke a promise."""
+"""Containment: the workers, the guard and isolation keep the caller alive and its answers right.
+
+Workers never import from the caller's folder; runtime checks are raised from their own call; isolation
+survives forks and the thread that started it; the disk cache key follows memkernel's own code.
+"""
 
 from __future__ import annotations
 

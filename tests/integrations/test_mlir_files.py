@@ -12,7 +12,7 @@ from pathlib import Path
 
 import mlir.ir
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MLIR_FILES = ROOT / "tests" / "mlir"
 TOOLS = Path(mlir.ir.__file__).parent / "bin"
 RUNTIME = Path(mlir.ir.__file__).parent / "lib"

@@ -21,7 +21,7 @@ from memkernel import (
     mlir_kernel,
 )
 
-from .kernels import total
+from ..kernels import total
 
 F32 = np.float32
 
@@ -313,7 +313,7 @@ def test_ctrl_c_during_a_kernel_still_copies_its_result_back_into_a_view():
         "    print('interrupted', base[::2].tolist(), base[1::2].tolist())",
     ])
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                          cwd=str(Path(__file__).resolve().parents[1]))
+                          cwd=str(Path(__file__).resolve().parents[2]))
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("interrupted", 1)[1].strip() == str([float(v + 1) for v in range(8)]) + " " + \
         str([0.0] * 8)

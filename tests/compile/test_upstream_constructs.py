@@ -432,7 +432,7 @@ func.func @main() {
 
 
 def test_run_passes_llvm_options_on() -> None:
-    path = Path(__file__).parent / "mlir" / "matrix_intrinsic.mlir"
+    path = Path(__file__).parents[1] / "mlir" / "matrix_intrinsic.mlir"
     run = memkernel_run(str(path), "--llvm-option=-enable-matrix")
     assert (run.returncode, run.stdout) == (0, "( 3, 4, 1, 2 )\n")
     without = memkernel_run(str(path))

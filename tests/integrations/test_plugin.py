@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from memkernel.pytest_plugin import RunLine, run_lines
-from tests.test_mlir_files import plugin_arguments
+from tests.integrations.test_mlir_files import plugin_arguments
 
 PRINTING = """\
 // RUN: mlir-opt %s -convert-vector-to-llvm | mlir-runner -e main -entry-point-result=void | FileCheck %s
@@ -29,7 +29,7 @@ def run_pytest(folder: Path, *arguments: str) -> subprocess.CompletedProcess[str
     environment = {k: v for k, v in os.environ.items() if k not in ("MEMKERNEL_CHECKED", "MEMKERNEL_ISOLATE")}
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *plugin_arguments(), *arguments]
     return subprocess.run(command, capture_output=True, text=True, cwd=folder, timeout=600,
-                          env={**environment, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+                          env={**environment, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
 
 
 def write(folder: Path, name: str, text: str) -> Path:
