@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import cmath
-import inspect
 import keyword
 import math
 import re
@@ -45,7 +44,7 @@ from mlir import ir, passmanager
 
 from . import display
 from .errors import MemkernelError
-from .kernel import Kernel, mlir_kernel
+from .kernel import Kernel, mlir_kernel, named_parameters
 from .spec.shapes import Dim, argument_of, structured_names, unconditional
 from .spec.signature import ArgSpec, MemRefSpec, ScalarSpec, Signature, UnrankedSpec, read_signature
 from .spec.source import MLIR_LOCK, ParsedSource, parse_source
@@ -114,15 +113,8 @@ def make_kernel(source: str, function: str, parameters: Sequence[str], pipeline:
                 opt_level: int = 3, shared_libs: Sequence[str] = ()) -> Kernel:
     """``@function`` as a kernel whose Python parameters are ``parameters`` (the leading MLIR arguments);
     the shapes of outputs come from the inputs and the kernel's ties."""
-
-    def shapes_from_inputs(*args: Any, **kwargs: Any) -> None:
-        return None
-
-    shapes_from_inputs.__name__ = shapes_from_inputs.__qualname__ = function
-    shapes_from_inputs.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in parameters])
     return mlir_kernel(source, name=function, pipeline=pipeline, opt_level=opt_level,
-                       shared_libs=shared_libs)(shapes_from_inputs)
+                       shared_libs=shared_libs)(named_parameters(function, parameters))
 
 
 # -- info ------------------------------------------------------------------------------
@@ -743,13 +735,8 @@ def runner_kernel(source: str, path: str, entry: str, result: str, *, pipeline: 
     with MLIR_LOCK, parsed.context:
         _check_entry(read_signature(parsed.function(entry)), result)
 
-    def no_arguments() -> None:
-        return None
-
-    no_arguments.__name__ = no_arguments.__qualname__ = entry
-    no_arguments.__signature__ = inspect.Signature()  # type: ignore[attr-defined]
     return mlir_kernel(source, name=entry, pipeline=pipeline, opt_level=opt_level, shared_libs=shared_libs,
-                       capture_output=True, llvm_options=llvm_options)(no_arguments)
+                       capture_output=True, llvm_options=llvm_options)(named_parameters(entry, ()))
 
 
 def _check_entry(signature: Signature, result: str) -> None:
