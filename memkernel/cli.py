@@ -13,8 +13,9 @@
     Runs an MLIR test file's entry point as ``mlir-runner`` does and prints what
     it prints (see :func:`add_run_command`); ``-`` reads standard input.
 
-Arguments are named as in the MLIR source (``%a`` is ``a``; a name that is
-not a Python identifier becomes ``arg<i>``). The convention is the one of a
+Arguments are named as in the MLIR source (``%a`` is ``a``; a keyword,
+``out`` or ``result<j>`` gets a ``_``; a name that is not a Python identifier
+becomes ``arg<i>``, see :func:`argument_names`). The convention is the one of a
 decorated function: the arguments you give (``--arg``, ``--scalar``,
 ``--shape``) are the leading MLIR arguments and are passed as they are, in
 place (what the kernel writes into them is written back and saved); the
@@ -28,8 +29,11 @@ from __future__ import annotations
 
 import argparse
 import cmath
+import contextlib
+import itertools
 import keyword
 import math
+import os
 import re
 import sys
 import time
@@ -37,9 +41,10 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 import numpy as np
+import numpy.lib.format as npy_format
 from mlir import ir, passmanager
 
 from . import display
@@ -88,14 +93,17 @@ def check_function(parsed: ParsedSource, path: str, function: str) -> str:
     return function
 
 
-def argument_names(parsed: ParsedSource, function: str) -> list[str]:
-    """The Python names of ``@function``'s arguments: ``%a`` is ``a``, a keyword gets a ``_``
-    (``%in`` is ``in_``), a name that is no identifier (``%0``, ``%x.y``) is ``arg<i>``."""
+_RESERVED = re.compile(r"out|result\d+")
+"""Names an argument cannot have: ``out=`` of a call, and the results' ``result0``, ``result1``, ..."""
+
+
+def _source_names(parsed: ParsedSource, function: str) -> list[str]:
+    """The SSA name of each of ``@function``'s arguments as the source spells it (``a`` for ``%a``), or ``""``."""
     lines = parsed.text.splitlines()
     with MLIR_LOCK, parsed.context:
         locations = [str(a.location) for a in parsed.function(function).regions[0].blocks[0].arguments]
     names = []
-    for i, location in enumerate(locations):
+    for location in locations:
         found = _LOCATION.fullmatch(location)
         name = ""
         if found:
@@ -103,10 +111,35 @@ def argument_names(parsed: ParsedSource, function: str) -> list[str]:
             text = lines[line - 1].encode()[column - 1:].decode(errors="replace") if line <= len(lines) else ""
             ssa = _SSA_NAME.match(text)
             name = ssa.group(1) if ssa else ""
-        if keyword.iskeyword(name) or name == "out":
-            name += "_"
-        names.append(name if name.isidentifier() and name not in names else f"arg{i}")
+        names.append(name)
     return names
+
+
+def _wanted(name: str) -> tuple[int, str | None]:
+    """The Python name an SSA name asks for, and its rank: 0 as spelled, 1 with a ``_`` added, 2 none."""
+    if keyword.iskeyword(name) or _RESERVED.fullmatch(name):
+        return 1, f"{name}_"
+    return (0, name) if name.isidentifier() else (2, None)
+
+
+def argument_names(parsed: ParsedSource, function: str) -> list[str]:
+    """The Python names of ``@function``'s arguments, all different and none a result's: ``%a`` is ``a``;
+    a keyword, ``out`` or ``result<j>`` gets a ``_`` (``%in`` is ``in_``); a name that is no identifier
+    (``%0``, ``%x.y``), or that an argument spelled so has, is ``arg<i>``, with ``_`` added until no other
+    argument has it."""
+    wanted = [_wanted(name) for name in _source_names(parsed, function)]
+    names: dict[int, str] = {}
+    for rank in (0, 1):  # names as spelled first, so that %in_ keeps in_ and %in becomes arg<i>
+        for i, (r, name) in enumerate(wanted):
+            if r == rank and name is not None and name not in names.values():
+                names[i] = name
+    for i in range(len(wanted)):
+        if i not in names:
+            name = f"arg{i}"
+            while name in names.values():
+                name += "_"
+            names[i] = name
+    return [names[i] for i in range(len(wanted))]
 
 
 def make_kernel(source: str, function: str, parameters: Sequence[str], pipeline: str | None = None,
@@ -313,6 +346,9 @@ def parse_shape(name: str, text: str, option: str) -> tuple[int, ...]:
         shape = (-1,)
     if any(n < 0 for n in shape):
         raise CommandLineError(f"{option} {name}={text}: a shape is sizes separated by x, e.g. 512x256")
+    largest = np.iinfo(np.intp).max
+    if any(n > largest for n in shape):
+        raise CommandLineError(f"{option} {name}={text}: a size is at most {largest}")
     return shape
 
 
@@ -330,16 +366,41 @@ def _common_options(parser: argparse.ArgumentParser) -> None:
 # -- call ------------------------------------------------------------------------------
 
 
+def _check_npy_size(file: BinaryIO, name: str, path: str) -> None:
+    """CommandLineError if the ``.npy`` header at the start of ``file`` claims more data than the file holds
+    (a truncated or forged file), before numpy allocates what it claims."""
+    version = npy_format.read_magic(file)
+    read_header = npy_format.read_array_header_1_0 if version == (1, 0) else npy_format.read_array_header_2_0
+    shape, _, dtype = read_header(file)
+    if dtype.hasobject:
+        return  # refused by allow_pickle=False
+    needed = math.prod(shape) * dtype.itemsize
+    held = os.fstat(file.fileno()).st_size - file.tell()
+    if needed > held:
+        raise CommandLineError(f"--arg {name}={path}: its header says {dtype}{list(shape)} ({needed:,} bytes of "
+                               f"data), but the file holds {held:,} bytes after it; the file is truncated or not "
+                               "written by numpy.save")
+
+
 def load_array(name: str, path: str) -> np.ndarray:
-    """The array of a ``.npy`` file; CommandLineError if it cannot be read or is no ``.npy`` file."""
+    """The array of a ``.npy`` file; CommandLineError if it cannot be read, is no ``.npy`` file or claims
+    more data than it holds, or if its array does not fit in memory."""
     try:
         with open(path, "rb") as file:
             magic = file.read(6)
             file.seek(0)
-            loaded = np.load(file, allow_pickle=False) if magic == b"\x93NUMPY" else None
+            loaded = None
+            if magic == b"\x93NUMPY":
+                _check_npy_size(file, name, path)
+                file.seek(0)
+                loaded = np.load(file, allow_pickle=False)
+    except CommandLineError:
+        raise
     except (OSError, ValueError, EOFError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise CommandLineError(f"--arg {name}={path}: cannot load it: {reason}") from None
+    except MemoryError:
+        raise CommandLineError(f"--arg {name}={path}: not enough memory to load its array") from None
     if loaded is None:
         what = "an .npz archive" if magic.startswith(b"PK") else "not a .npy file"
         raise CommandLineError(f"--arg {name}={path}: {what}; pass one .npy file (numpy.save) per argument")
@@ -369,24 +430,53 @@ def _returned(kernel: Kernel, returned: Any) -> tuple[list[Any], list[Any]]:
     return values[:spec.n_outputs], values[spec.n_outputs:]
 
 
+def _write_atomically(path: Path, array: np.ndarray) -> None:
+    """Save ``array`` to a new file next to ``path`` and rename it into place: a link at ``path`` is replaced,
+    never written through, and ``path`` never holds a partial file."""
+    for attempt in itertools.count():
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.{attempt}.tmp")
+        try:
+            handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        except FileExistsError:
+            continue
+        break
+    try:
+        with os.fdopen(handle, "wb") as file:
+            np.save(file, array)
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
 def _save(directory: Path, name: str, value: Any) -> str:
     path = directory / f"{name}.npy"
     array = np.asarray(value)
     try:
-        np.save(path, array)
+        _write_atomically(path, array)
     except OSError as exc:
         raise CommandLineError(f"cannot write {path}: {exc.strerror or exc}") from None
     return f"{name}: {summary(array)} -> {path}"
 
 
-def _refuse_overwriting_inputs(directory: Path, saved: Sequence[str], inputs: dict[str, str]) -> None:
-    """CommandLineError if a file the call would write is one of its ``--arg`` inputs."""
-    read = {Path(path).resolve(): name for name, path in inputs.items()}
+def _refuse_overwriting_inputs(directory: Path, saved: Sequence[str], inputs: Sequence[tuple[str, str]]) -> None:
+    """CommandLineError if a file the call would write is one of its ``inputs`` (each a path and how the
+    command line gave it), by the same path or through a symbolic or hard link: one device and inode."""
+    read = []
+    for path, given in inputs:
+        with contextlib.suppress(OSError):
+            read.append((os.stat(path), path, given))
     for name in saved:
-        target = (directory / f"{name}.npy").resolve()
-        if target in read:
-            raise CommandLineError(f"writing {name} to {directory / f'{name}.npy'} would overwrite the input "
-                                   f"--arg {read[target]}={inputs[read[target]]}; pass another --out DIR")
+        target = directory / f"{name}.npy"
+        try:
+            written = os.stat(target)
+        except OSError:
+            continue
+        for status, path, given in read:
+            if (written.st_dev, written.st_ino) == (status.st_dev, status.st_ino):
+                link = "" if os.path.abspath(path) == os.path.abspath(target) else f" ({target} is a link to {path})"
+                raise CommandLineError(f"writing {name} to {target} would overwrite the input {given}{link}; "
+                                       "pass another --out DIR")
 
 
 def _out_directory(text: str) -> Path:
@@ -408,7 +498,8 @@ def run_call(options: argparse.Namespace) -> int:
                          options.lib)
     written = [name for i, name in enumerate(plan.given) if i in kernel.spec.written and is_memref(plan.args[i])]
     saved = written + plan.outputs + [f"result{j}" for j in range(len(kernel.spec.signature.results))]
-    _refuse_overwriting_inputs(directory, saved, request.arrays)
+    inputs = [(path, f"--arg {name}={path}") for name, path in request.arrays.items()]
+    _refuse_overwriting_inputs(directory, saved, [*inputs, (options.file, options.file)])
     outputs, results = _returned(kernel, kernel(*(values[n] for n in plan.given)))
     returned = [values[n] for n in written] + outputs + results
     lines = [_save(directory, name, value) for name, value in zip(saved, returned)]
@@ -528,11 +619,16 @@ def _random_arguments(plan: Plan, shapes: dict[int, tuple[int, ...]], scalars: d
     """The given arguments: random arrays of ``shapes`` (by argument index) and the scalars."""
     arrays = {}
     for i, shape in shapes.items():
+        dtype = plan.args[i].element.dtype
+        given = f"--shape {plan.names[i]}={'x'.join(map(str, shape))}"
+        size = math.prod(shape) * dtype.itemsize
+        if math.prod(max(n, 1) for n in shape) * dtype.itemsize > np.iinfo(np.intp).max:  # numpy's own limit
+            raise CommandLineError(f"{given}: numpy cannot make a {dtype} array of that shape: its sizes (the "
+                                   f"zeros left out) times {dtype.itemsize} bytes exceed {np.iinfo(np.intp).max}")
         try:
-            arrays[plan.names[i]] = random_array(shape, plan.args[i].element.dtype, rng)
+            arrays[plan.names[i]] = random_array(shape, dtype, rng)
         except MemoryError:
-            raise CommandLineError(f"--shape {plan.names[i]}={'x'.join(map(str, shape))}: not enough memory "
-                                   "for an array of that shape") from None
+            raise CommandLineError(f"{given}: not enough memory for an array of that shape ({size:,} bytes)") from None
     return [arrays[n] if n in arrays else scalars[n] for n in plan.given]
 
 
@@ -661,7 +757,8 @@ def _walk(op: Any) -> Iterator[Any]:
 
 
 CONVENTION = """\
-Arguments are named as in the MLIR source (%a is a; %in is in_; %0 is arg<i>).
+Arguments are named as in the MLIR source (%a is a; %in, %out, %result0 are
+in_, out_, result0_; %0 is arg<i>).
 The arguments you give are the leading ones and are passed in place: what the
 kernel writes into them is saved. Trailing memref arguments you leave out are
 outputs the call allocates; their ? dims come from the dims they are tied to."""

@@ -61,6 +61,37 @@ func.func @flags(%f: memref<?xi1>, %out: memref<?xi1>) {
 }
 """
 
+NAMED_LIKE_GENERATED = """
+func.func @copy(%arg1: memref<?xf32>, %0: memref<?xf32>) {
+  linalg.copy ins(%arg1 : memref<?xf32>) outs(%0 : memref<?xf32>)
+  return
+}
+"""
+
+NAMED_LIKE_A_RESULT = """
+func.func @fill(%result0: memref<4xf32>) -> f32 {
+  %one = arith.constant 1.0 : f32
+  linalg.fill ins(%one : f32) outs(%result0 : memref<4xf32>)
+  %two = arith.constant 2.0 : f32
+  return %two : f32
+}
+"""
+
+DOUBLE = """
+func.func @double(%a: memref<?xf32>, %c: memref<?xf32>) {
+  linalg.add ins(%a, %a : memref<?xf32>, memref<?xf32>) outs(%c : memref<?xf32>)
+  return
+}
+"""
+
+
+def forged_npy(shape: tuple[int, ...], data: bytes) -> bytes:
+    """A version 1.0 ``.npy`` file of float32 whose header claims ``shape`` and whose data is ``data``."""
+    header = f"{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}"
+    header += " " * (128 - 10 - len(header) - 1) + "\n"
+    return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode() + data
+
+
 RNG = np.random.default_rng(0)
 A = RNG.standard_normal((4, 3)).astype(np.float32)
 B = RNG.standard_normal((3, 5)).astype(np.float32)
@@ -82,6 +113,7 @@ def work(tmp_path_factory) -> Path:
     np.save(root / "x32.npy", np.arange(5, dtype=np.float32))
     np.savez(root / "arrays.npz", a=A)
     (root / "odd.mlir").write_text(ODD)
+    (root / "forged.npy").write_bytes(forged_npy((2**40,), bytes(16)))
     return root
 
 
@@ -249,6 +281,15 @@ def _error(done: subprocess.CompletedProcess[str]) -> str:
      "matmul(): argument 'a' expects memref<?x?xf32> (float32, 2-d); got float32[3, 4, 5]."),
     (["bench", "kernels.mlir", "axpy", "--shape", "alpha=3", "--shape", "in_=3", "--shape", "y=3"],
      "--shape alpha: @axpy argument 'alpha' is a scalar; pass --scalar alpha=VALUE"),
+    (["call", "kernels.mlir", "matmul", "--arg", "a=forged.npy", "--arg", "b=b.npy"],
+     "--arg a=forged.npy: its header says float32[1099511627776] (4,398,046,511,104 bytes of data), but the file "
+     "holds 16 bytes after it"),
+    (["bench", "kernels.mlir", "matmul", "--shape", "a=9223372036854775807x3", "--shape", "b=3x3"],
+     "--shape a=9223372036854775807x3: numpy cannot make a float32 array of that shape"),
+    (["bench", "kernels.mlir", "matmul", "--shape", "a=9223372036854775807x0", "--shape", "b=0x3"],
+     "--shape a=9223372036854775807x0: numpy cannot make a float32 array of that shape"),
+    (["bench", "kernels.mlir", "matmul", "--shape", "a=9223372036854775808x3", "--shape", "b=3x3"],
+     "--shape a=9223372036854775808x3: a size is at most 9223372036854775807"),
 ])
 def test_bad_input_is_one_error_line_and_status_1(work, args, message):
     first = _error(memkernel(work, *args))
@@ -266,6 +307,65 @@ def test_call_refuses_to_overwrite_an_input_file(work):
                      "--arg", "y=y.npy")
     assert "would overwrite the input --arg y=y.npy; pass another --out DIR" in _error(done)
     np.testing.assert_array_equal(np.load(work / "y.npy"), np.ones(6))
+
+
+def test_call_refuses_an_output_file_hard_linked_to_an_input(work, tmp_path):
+    (tmp_path / "double.mlir").write_text(DOUBLE)
+    np.save(tmp_path / "in.npy", np.arange(4, dtype=np.float32))
+    (tmp_path / "out").mkdir()
+    os.link(tmp_path / "in.npy", tmp_path / "out" / "c.npy")
+    done = memkernel(work, "call", str(tmp_path / "double.mlir"), "double", "--arg", f"a={tmp_path / 'in.npy'}",
+                     "--out", str(tmp_path / "out"))
+    assert f"would overwrite the input --arg a={tmp_path / 'in.npy'} ({tmp_path / 'out' / 'c.npy'} is a link to" \
+        in _error(done)
+    np.testing.assert_array_equal(np.load(tmp_path / "in.npy"), np.arange(4, dtype=np.float32))
+
+
+def test_call_refuses_an_output_file_that_is_the_mlir_file(work, tmp_path):
+    (tmp_path / "double.mlir").write_text(DOUBLE)
+    np.save(tmp_path / "in.npy", np.arange(4, dtype=np.float32))
+    os.link(tmp_path / "double.mlir", tmp_path / "c.npy")
+    done = memkernel(work, "call", str(tmp_path / "double.mlir"), "double", "--arg", f"a={tmp_path / 'in.npy'}",
+                     "--out", str(tmp_path))
+    assert f"would overwrite the input {tmp_path / 'double.mlir'}" in _error(done)
+    assert (tmp_path / "double.mlir").read_text() == DOUBLE
+
+
+def test_call_replaces_a_link_in_the_output_folder_instead_of_writing_through_it(work, tmp_path):
+    (tmp_path / "double.mlir").write_text(DOUBLE)
+    np.save(tmp_path / "in.npy", np.arange(4, dtype=np.float32))
+    np.save(tmp_path / "kept.npy", np.full(4, 7, np.float32))
+    (tmp_path / "out").mkdir()
+    os.link(tmp_path / "kept.npy", tmp_path / "out" / "c.npy")
+    done = memkernel(work, "call", str(tmp_path / "double.mlir"), "double", "--arg", f"a={tmp_path / 'in.npy'}",
+                     "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "out" / "c.npy"), 2 * np.arange(4, dtype=np.float32))
+    np.testing.assert_array_equal(np.load(tmp_path / "kept.npy"), np.full(4, 7, np.float32))
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["c.npy"]  # no temporary file is left
+
+
+def test_argument_named_like_a_result_is_saved_apart_from_the_result(work, tmp_path):
+    (tmp_path / "fill.mlir").write_text(NAMED_LIKE_A_RESULT)
+    np.save(tmp_path / "r.npy", np.zeros(4, np.float32))
+    done = memkernel(work, "call", str(tmp_path / "fill.mlir"), "fill", "--arg", f"result0={tmp_path / 'r.npy'}",
+                     "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "out" / "result0_.npy"), np.ones(4, np.float32))
+    assert np.load(tmp_path / "out" / "result0.npy") == np.float32(2.0)
+    assert [line.split(":")[0] for line in done.stdout.splitlines()] == ["result0_", "result0"]
+
+
+def test_generated_argument_names_skip_the_names_the_source_spells(work, tmp_path):
+    (tmp_path / "copy.mlir").write_text(NAMED_LIKE_GENERATED)
+    done = memkernel(work, "info", str(tmp_path / "copy.mlir"))
+    assert done.returncode == 0, done.stderr
+    assert "  call:  copy(arg1, arg1_)\n     or: arg1_ = copy(arg1)" in done.stdout
+    np.save(tmp_path / "x.npy", np.arange(3, dtype=np.float32))
+    done = memkernel(work, "call", str(tmp_path / "copy.mlir"), "copy", "--arg", f"arg1={tmp_path / 'x.npy'}",
+                     "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "arg1_.npy"), np.arange(3, dtype=np.float32))
 
 
 @pytest.mark.parametrize("where", ["before", "after"])
