@@ -52,14 +52,22 @@ TAIL_LINES = 20
 
 _TAIL_BYTES = 64 << 10
 _REPLIED_BYTES = 4 << 20
-_BOOTSTRAP = """import os, sys
-sys.path[:] = [p for p in sys.path if p not in ("", ".", os.getcwd())]
-if sys.argv[1] not in sys.path:
-    sys.path.insert(0, sys.argv[1])
-from memkernel.compile.worker import main
-main()"""
-"""The worker's program: the caller's folder off the path (a ``numpy.py`` there must not run in the
-worker), this memkernel (its folder first on the path only if it is not on it already), then :func:`main`."""
+def bootstrap(program: str) -> str:
+    """A worker process's ``-c`` source: the caller's folder off the path (a ``numpy.py`` there must not run
+    in the worker), this memkernel's folder (``sys.argv[1]``) first on it unless it is on it already (it is
+    the caller's folder when the caller runs in a checkout), then ``program``."""
+    return ("import os, sys\n"
+            "sys.path[:] = [p for p in sys.path if p not in ('', '.', os.getcwd())]\n"
+            "if sys.argv[1] not in sys.path:\n"
+            "    sys.path.insert(0, sys.argv[1])\n" + program)
+
+
+def package_root() -> str:
+    """The folder that holds this memkernel package: the one a worker must import."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+_BOOTSTRAP = bootstrap("from memkernel.compile.worker import main\nmain()")
 
 
 class _Died(Exception):
@@ -87,9 +95,9 @@ def _tail(fd: int) -> str:
 def _spawn(options: tuple[str, ...], stderr: IO[bytes]) -> subprocess.Popen[bytes]:
     """Start a worker process that sets LLVM ``options``, in the caller's environment (LLVM's crash
     handler kept from looking for a symbolizer)."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     environment = {**os.environ, "LLVM_DISABLE_SYMBOLIZATION": "1", "LLVM_DISABLE_CRASH_REPORT": "1"}
-    return subprocess.Popen([sys.executable, *SAFE_PATH, "-c", _BOOTSTRAP, root, *options], stdin=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, *SAFE_PATH, "-c", _BOOTSTRAP, package_root(), *options],
+                            stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=stderr, start_new_session=True, env=environment)
 
 

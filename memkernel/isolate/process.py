@@ -24,10 +24,8 @@ import tempfile
 import threading
 from typing import IO, Any
 
-import memkernel
-
 from . import channel
-from ..compile.worker import SAFE_PATH
+from ..compile.worker import SAFE_PATH, bootstrap, package_root
 from .shared import Segment
 
 TRIM_AT = 1 << 20
@@ -58,18 +56,14 @@ def _appending_file() -> IO[bytes]:
     return file
 
 
-_BOOTSTRAP = """import os, sys
-sys.path[:] = [p for p in sys.path if p not in ("", ".", os.getcwd())]
-from memkernel.isolate.worker import serve
-serve(int(sys.argv[1]), int(sys.argv[2]))"""
-"""The worker's program, with the caller's folder off the path: a ``numpy.py`` there must not run in it."""
+_BOOTSTRAP = bootstrap("from memkernel.isolate.worker import serve\nserve(int(sys.argv[2]), int(sys.argv[3]))")
+"""The worker's program, on this memkernel, with the caller's folder off the path (see :func:`bootstrap`)."""
 
 
 def _environment() -> dict[str, str]:
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(memkernel.__file__)))
     path = os.environ.get("PYTHONPATH", "")
     return {**os.environ, "MEMKERNEL_ISOLATE": "0",
-            "PYTHONPATH": package_root + (os.pathsep + path if path else "")}
+            "PYTHONPATH": package_root() + (os.pathsep + path if path else "")}
 
 
 class Worker:
@@ -82,7 +76,7 @@ class Worker:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         with theirs:
             self.process = subprocess.Popen(
-                [sys.executable, *SAFE_PATH, "-c", _BOOTSTRAP, str(theirs.fileno()), str(self.owner)],
+                [sys.executable, *SAFE_PATH, "-c", _BOOTSTRAP, package_root(), str(theirs.fileno()), str(self.owner)],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=self._outputs[0],
                 stderr=self._outputs[1], start_new_session=True, env=_environment(),
             )

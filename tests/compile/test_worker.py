@@ -317,3 +317,15 @@ def test_workers_busy_while_others_were_asked_for_end_once_idle():
     assert errors == []
     running = [options for options in compile_worker._workers if compile_worker._workers[options].pid() is not None]
     assert len(running) <= compile_worker.KEEP_RUNNING
+
+
+def test_a_worker_started_in_the_callers_checkout_imports_that_memkernel(tmp_path: Path):
+    """A caller that runs in the folder holding memkernel (a checkout) has it on its path as the current
+    folder, which a worker takes off its own: the bootstrap puts that folder back, not another memkernel."""
+    (tmp_path / "memkernel").symlink_to(Path(REPO) / "memkernel")
+    program = compile_worker.bootstrap("import memkernel\nprint(memkernel.__file__)")
+    done = subprocess.run([sys.executable, *compile_worker.SAFE_PATH, "-c", program, str(tmp_path)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(tmp_path / "memkernel" / "__init__.py")
