@@ -206,7 +206,8 @@ class CallPlan:
             line = assertions.location_line(failed, self._source)
             raise KernelAssertionError(
                 f"{self._kernel}(): the kernel stopped at a failed assertion:\n{failed}"
-                + (f"\n    {line}" if line else "")
+                + (f"\n    {line}" if line else ""),
+                assertion=assertions.as_written(failed),
             )
         return outputs, results
 

@@ -96,6 +96,16 @@ def located(message: str, location: ir.Location) -> str:
     return f"{message}\nLocation: line {where[1]}, column {where[2]}"
 
 
+_LOCATED = re.compile(r"(.*)\nLocation: line \d+, column \d+", re.S)
+
+
+def as_written(message: str) -> str:
+    """A failed assertion's message without the location :func:`located` appended: the ``cf.assert``'s own
+    (a message whose last line was written in that form, ``Location: line L, column C``, loses it too)."""
+    found = _LOCATED.fullmatch(message)
+    return found[1] if found and "Location:" not in found[1] else message
+
+
 def annotate(module: ir.Module) -> None:
     """Append each ``cf.assert``'s source location to its message (unless it names one already)."""
 
