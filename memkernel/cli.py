@@ -11,7 +11,8 @@
     and kernel time, with GB/s and, for linalg ops, GFLOP/s.
 ``memkernel run FILE.mlir [-e main] [-entry-point-result=void|i32|i64|f32] [-shared-libs=...] [-O3] ...``
     Runs an MLIR test file's entry point as ``mlir-runner`` does and prints what
-    it prints (see :func:`add_run_command`); ``-`` reads standard input.
+    it prints (see :func:`add_run_command`); ``-`` reads standard input. A failed
+    ``cf.assert`` prints its message, as MLIR's lowering of it does, and exits with status 1.
 
 Arguments are named as in the MLIR source (``%a`` is ``a``; a keyword,
 ``out`` or ``result<j>`` gets a ``_``; a name that is not a Python identifier
@@ -48,7 +49,8 @@ import numpy.lib.format as npy_format
 from mlir import ir, passmanager
 
 from . import display
-from .errors import MemkernelError
+from .compile.pipeline import SCHEDULES
+from .errors import KernelAssertionError, MemkernelError
 from .kernel import Kernel, mlir_kernel, named_parameters
 from .spec.shapes import Dim, argument_of, structured_names, unconditional
 from .spec.signature import ArgSpec, MemRefSpec, ScalarSpec, Signature, UnrankedSpec, read_signature
@@ -143,11 +145,11 @@ def argument_names(parsed: ParsedSource, function: str) -> list[str]:
 
 
 def make_kernel(source: str, function: str, parameters: Sequence[str], pipeline: str | None = None,
-                opt_level: int = 3, shared_libs: Sequence[str] = ()) -> Kernel:
+                opt_level: int = 3, shared_libs: Sequence[str] = (), schedule: str | None = None) -> Kernel:
     """``@function`` as a kernel whose Python parameters are ``parameters`` (the leading MLIR arguments);
     the shapes of outputs come from the inputs and the kernel's ties."""
-    return mlir_kernel(source, name=function, pipeline=pipeline, opt_level=opt_level,
-                       shared_libs=shared_libs)(named_parameters(function, parameters))
+    return mlir_kernel(source, name=function, pipeline=pipeline, opt_level=opt_level, shared_libs=shared_libs,
+                       schedule=schedule)(named_parameters(function, parameters))
 
 
 # -- info ------------------------------------------------------------------------------
@@ -361,6 +363,13 @@ def _common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--opt-level", type=int, default=3, choices=range(4), help="LLVM optimization level")
     parser.add_argument("--lib", action="append", default=[], metavar="LIB",
                         help="a shared library the kernel calls into (a path, or a name such as mlir_c_runner_utils)")
+    _schedule_option(parser)
+
+
+def _schedule_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-schedule", "--schedule", dest="schedule", default=None, choices=SCHEDULES,
+                        help="where the file's own transform schedule is applied: before-bufferization (the "
+                             "default), after-bufferization, or skip (lower the file without it)")
 
 
 # -- call ------------------------------------------------------------------------------
@@ -495,7 +504,7 @@ def run_call(options: argparse.Namespace) -> int:
     values.update((name, load_array(name, path)) for name, path in request.arrays.items())
     directory = _out_directory(options.out)
     kernel = make_kernel(request.parsed.text, plan.function, plan.given, options.pipeline, options.opt_level,
-                         options.lib)
+                         options.lib, options.schedule)
     written = [name for i, name in enumerate(plan.given) if i in kernel.spec.written and is_memref(plan.args[i])]
     saved = written + plan.outputs + [f"result{j}" for j in range(len(kernel.spec.signature.results))]
     inputs = [(path, f"--arg {name}={path}") for name, path in request.arrays.items()]
@@ -637,7 +646,7 @@ def run_bench(options: argparse.Namespace) -> int:
     plan = request.plan
     shapes = {plan.names.index(n): parse_shape(n, text, "--shape") for n, text in request.arrays.items()}
     kernel = make_kernel(request.parsed.text, plan.function, plan.given, options.pipeline, options.opt_level,
-                         options.lib)
+                         options.lib, options.schedule)
     started = time.perf_counter()
     kernel.compile()
     compile_time = time.perf_counter() - started
@@ -785,11 +794,14 @@ _RUNNER_EXAMPLE = """\
 Runs the entry (a func.func, or an llvm.func on scalars, taking no arguments) as
 `mlir-opt ... | mlir-runner -e main -entry-point-result=void` does: memkernel lowers the
 file with its default pipeline (or --pipeline), applies a transform schedule the file
-carries, links the MLIR runtime libraries it calls, and prints what the entry prints,
-then its i32/i64/f32 result as mlir-runner prints it. Options take one dash or two.
+carries (--schedule), links the MLIR runtime libraries it calls, and prints what the entry
+prints, then its i32/i64/f32 result as mlir-runner prints it. A failed cf.assert prints its
+message and exits with status 1. Options take one dash or two.
 
-example (a lit RUN line):
-  // RUN: memkernel run %s -e main -entry-point-result=void | FileCheck %s"""
+examples (lit RUN lines):
+  // RUN: memkernel run %s -e main -entry-point-result=void | FileCheck %s
+  // RUN: mlir-opt %s -convert-to-llvm | memkernel run - -e main | FileCheck %s
+  // RUN: not memkernel run %s -e main | FileCheck %s --check-prefix=ASSERT"""
 
 
 def _read_runner_source(path: str) -> str:
@@ -811,10 +823,12 @@ def _entries(parsed: ParsedSource) -> list[str]:
 
 
 def runner_kernel(source: str, path: str, entry: str, result: str, *, pipeline: str | None = None,
-                  opt_level: int = 3, shared_libs: Sequence[str] = (), llvm_options: Sequence[str] = ()) -> Kernel:
+                  opt_level: int = 3, shared_libs: Sequence[str] = (), llvm_options: Sequence[str] = (),
+                  schedule: str | None = None) -> Kernel:
     """The kernel ``memkernel run`` calls: ``@entry`` of ``source`` (read from ``path``), which must
     take no arguments and return what ``result`` (one of :data:`RUNNER_RESULTS`) says.
-    ``llvm_options`` are LLVM's command-line options for its code generation (``-enable-matrix``).
+    ``llvm_options`` are LLVM's command-line options for its code generation (``-enable-matrix``);
+    ``schedule`` where the file's transform schedule is applied (``"skip"``: not at all).
 
     Its printed output is captured into ``sys.stdout``/``sys.stderr``, in order with Python's.
     Raises CommandLineError, or the kernel's MLIRSyntaxError, SignatureError or CompileError.
@@ -833,7 +847,8 @@ def runner_kernel(source: str, path: str, entry: str, result: str, *, pipeline: 
         _check_entry(read_signature(parsed.function(entry)), result)
 
     return mlir_kernel(source, name=entry, pipeline=pipeline, opt_level=opt_level, shared_libs=shared_libs,
-                       capture_output=True, llvm_options=llvm_options)(named_parameters(entry, ()))
+                       capture_output=True, llvm_options=llvm_options,
+                       schedule=schedule)(named_parameters(entry, ()))
 
 
 def _check_entry(signature: Signature, result: str) -> None:
@@ -867,6 +882,21 @@ def runner_result(value: Any, result: str) -> str | None:
     return str(int(value))
 
 
+def call_entry(kernel: Kernel, result: str) -> KernelAssertionError | None:
+    """Call a :func:`runner_kernel` as ``mlir-runner`` does: what it prints goes to ``sys.stdout``, then the
+    line of its ``result``. A failed ``cf.assert`` stops it: its message is printed there instead, as MLIR's
+    lowering of the assertion prints it before aborting, and the KernelAssertionError is returned."""
+    try:
+        value = kernel()
+    except KernelAssertionError as failed:
+        print(failed.assertion, flush=True)
+        return failed
+    printed = runner_result(value, result)
+    if printed is not None:
+        print(printed)
+    return None
+
+
 def _libraries(entries: Sequence[str]) -> list[str]:
     """The ``--shared-libs`` values, each a comma-separated list as mlir-runner takes it."""
     return [lib for entry in entries for lib in entry.split(",") if lib]
@@ -877,10 +907,10 @@ def run_run(options: argparse.Namespace) -> int:
     path = "<stdin>" if options.file == "-" else options.file
     kernel = runner_kernel(source, path, options.entry, options.entry_point_result, pipeline=options.pipeline,
                            opt_level=options.opt_level, shared_libs=_libraries(options.shared_libs),
-                           llvm_options=options.llvm_options)
-    printed = runner_result(kernel(), options.entry_point_result)
-    if printed is not None:
-        print(printed)
+                           llvm_options=options.llvm_options, schedule=options.schedule)
+    failed = call_entry(kernel, options.entry_point_result)
+    if failed is not None:
+        raise failed
     return 0
 
 
@@ -904,6 +934,7 @@ def add_run_command(commands: Any, common: argparse.ArgumentParser) -> None:
     run.add_argument("--llvm-option", dest="llvm_options", action="append", default=[], metavar="-OPTION",
                      help="an LLVM option for code generation, such as --llvm-option=-enable-matrix "
                           "(which mlir-runner takes as -enable-matrix)")
+    _schedule_option(run)
     run.set_defaults(run=run_run)
 
 
@@ -955,6 +986,11 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def error_line(error: MemkernelError) -> str:
+    """What the command line prints on stderr for ``error`` before it exits with status 1."""
+    return f"memkernel: error: {error}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line on ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     options = parser().parse_args(argv)
@@ -963,7 +999,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MemkernelError as exc:
         if getattr(options, "traceback", False):
             traceback.print_exc()
-        print(f"memkernel: error: {exc}", file=sys.stderr)
+        print(error_line(exc), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("\nmemkernel: interrupted", file=sys.stderr)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -464,3 +465,114 @@ def test_bench_shows_a_progress_line_after_a_second_and_erases_it(work):
     last = stderr.rsplit("\r", 2)
     assert last[-1] == "" and last[-2].strip() == "", "the last progress line is erased"
     assert "\n" not in stderr and "memkernel bench" not in done.stdout.decode()
+
+
+# -- run -------------------------------------------------------------------------------------
+
+FAILING_ASSERTION = """
+func.func @main() {
+  %no = arith.constant 0 : i1
+  %yes = arith.constant 1 : i1
+  vector.print str "before\\n"
+  cf.assert %yes, "assertion bar"
+  cf.assert %no, "assertion foo"
+  vector.print str "after\\n"
+  return
+}
+"""
+
+TO_LLVM = ["-convert-vector-to-llvm", "-convert-cf-to-llvm", "-convert-func-to-llvm", "-convert-arith-to-llvm",
+           "-reconcile-unrealized-casts"]
+
+SCHEDULED = """
+func.func private @printMemrefF32(memref<*xf32>)
+func.func @main() {
+  %a = memref.alloc() : memref<10xf32>
+  %two = arith.constant 2.0 : f32
+  linalg.fill ins(%two : f32) outs(%a : memref<10xf32>)
+  linalg.add ins(%a, %a : memref<10xf32>, memref<10xf32>) outs(%a : memref<10xf32>)
+  %u = memref.cast %a : memref<10xf32> to memref<*xf32>
+  call @printMemrefF32(%u) : (memref<*xf32>) -> ()
+  memref.dealloc %a : memref<10xf32>
+  return
+}
+module attributes {transform.with_named_sequence} {
+  transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {
+    %add = transform.structured.match ops{["linalg.add"]} in %root : (!transform.any_op) -> !transform.any_op
+    SCHEDULE
+    transform.yield
+  }
+}
+"""
+TILE = ("%tiled, %loop = transform.structured.tile_using_for %add tile_sizes [4] "
+        ": (!transform.any_op) -> (!transform.any_op, !transform.any_op)")
+FAILING_SCHEDULE = '%loop = transform.get_parent_op %add {op_name = "scf.for"} : (!transform.any_op) -> !transform.any_op'
+PRINTED_FOURS = "[" + ",  ".join(["4"] * 10) + "]"
+
+
+def mlir_tool(name: str) -> Path:
+    import mlir.ir
+
+    return Path(mlir.ir.__file__).parent / "bin" / name
+
+
+def lowered_by_mlir_opt(source: str, passes: list[str]) -> str:
+    return subprocess.run([str(mlir_tool("mlir-opt")), *passes], input=source, capture_output=True, text=True,
+                          check=True).stdout
+
+
+def test_run_prints_a_failed_assertions_message_as_mlir_runner_does_and_exits_with_status_1(work, tmp_path):
+    (tmp_path / "assert.mlir").write_text(FAILING_ASSERTION)
+    done = memkernel(work, "run", str(tmp_path / "assert.mlir"))
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stdout == "before\nassertion foo\n"
+    assert done.stderr.startswith("memkernel: error: main(): the kernel stopped at a failed assertion:\nassertion foo")
+
+
+@pytest.mark.skipif(shutil.which("stdbuf") is None, reason="needs stdbuf to see what mlir-runner printed")
+def test_run_of_upstream_lowered_ir_prints_what_mlir_runner_prints_before_it_aborts(work):
+    lowered = lowered_by_mlir_opt(FAILING_ASSERTION, TO_LLVM)
+    runtime = mlir_tool("mlir-runner").parent.parent / "lib" / "libmlir_c_runner_utils.so"
+    # Unbuffered, so that what mlir-runner printed before abort() reaches the pipe.
+    upstream = subprocess.run(["stdbuf", "-o0", str(mlir_tool("mlir-runner")), "-e", "main",
+                               "-entry-point-result=void", f"-shared-libs={runtime}"], input=lowered,
+                              capture_output=True, text=True)
+    assert upstream.returncode != 0 and upstream.stdout == "before\nassertion foo\n"
+    done = subprocess.run([sys.executable, "-m", "memkernel", "run", "-"], input=lowered, capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, MEMKERNEL_CACHE_DIR=str(work / "cache")))
+    assert (done.returncode, done.stdout) == (1, upstream.stdout)
+
+
+def test_run_of_ir_lowered_from_a_function_with_a_c_interface(work):
+    source = """
+func.func @main() -> i32 attributes { llvm.emit_c_interface } {
+  %v = arith.constant dense<[1.0, 2.5]> : vector<2xf32>
+  vector.print %v : vector<2xf32>
+  %c = arith.constant 7 : i32
+  return %c : i32
+}"""
+    lowered = lowered_by_mlir_opt(source, TO_LLVM)
+    assert "llvm.func @_mlir_ciface_main" in lowered
+    done = subprocess.run([sys.executable, "-m", "memkernel", "run", "-", "-entry-point-result=i32"], input=lowered,
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, MEMKERNEL_CACHE_DIR=str(work / "cache")))
+    assert (done.returncode, done.stdout, done.stderr) == (0, "( 1, 2.5 )\n7\n", "")
+
+
+def test_run_skips_the_files_schedule_when_told_to(work, tmp_path):
+    (tmp_path / "scheduled.mlir").write_text(SCHEDULED.replace("SCHEDULE", FAILING_SCHEDULE))
+    applied = memkernel(work, "run", str(tmp_path / "scheduled.mlir"))
+    assert "the module's transform schedule failed" in _error(applied)
+    skipped = memkernel(work, "run", str(tmp_path / "scheduled.mlir"), "--schedule=skip")
+    assert skipped.returncode == 0, skipped.stderr
+    assert skipped.stdout.splitlines()[1] == PRINTED_FOURS
+
+
+def test_run_with_a_pipeline_that_runs_the_transform_interpreter_applies_the_schedule_there(work, tmp_path):
+    (tmp_path / "scheduled.mlir").write_text(SCHEDULED.replace("SCHEDULE", TILE))
+    passes = ("builtin.module(transform-interpreter,convert-linalg-to-loops,convert-scf-to-cf,expand-strided-metadata,"
+              "lower-affine,convert-arith-to-llvm,finalize-memref-to-llvm,convert-func-to-llvm,convert-cf-to-llvm,"
+              "reconcile-unrealized-casts)")
+    done = memkernel(work, "run", str(tmp_path / "scheduled.mlir"), f"--pipeline={passes}")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[1] == PRINTED_FOURS
