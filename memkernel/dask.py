@@ -23,9 +23,9 @@ A kernel whose body is not only linalg ops on its arguments (``scf`` loops,
 :class:`~memkernel.errors.ChunkingError` unless the caller says every dim is
 parallel (``all_parallel=True``), which maps the kernel over matching blocks
 of same-rank arrays, and promises that a block's output does not depend on
-where the block is (a kernel that reads ``linalg.index`` is refused). The kernel itself travels to the workers by reference
-when its module can be imported there, else by value (see
-:mod:`memkernel.pickling`).
+where the block is (a kernel that reads ``linalg.index`` is refused). The
+kernel itself travels to the workers by reference when its module can be
+imported there, else by value (see :mod:`memkernel.pickling`).
 """
 
 from __future__ import annotations
