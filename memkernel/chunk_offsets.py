@@ -10,7 +10,7 @@ whole call computes there.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 from mlir import ir
 from mlir.dialects import arith
