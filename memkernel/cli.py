@@ -11,10 +11,12 @@
     and kernel time, with GB/s and, for linalg ops, GFLOP/s.
 ``memkernel run FILE.mlir [-e main] [-entry-point-result=void|i32|i64|f32] [-shared-libs=...] [-O3] ...``
     Runs an MLIR test file's entry point as ``mlir-runner`` does and prints what
-    it prints (see :func:`add_run_command`); ``-`` reads standard input.
+    it prints (see :func:`add_run_command`); ``-`` reads standard input. A failed
+    ``cf.assert`` prints its message, as MLIR's lowering of it does, and exits with status 1.
 
-Arguments are named as in the MLIR source (``%a`` is ``a``; a name that is
-not a Python identifier becomes ``arg<i>``). The convention is the one of a
+Arguments are named as in the MLIR source (``%a`` is ``a``; a keyword,
+``out`` or ``result<j>`` gets a ``_``; a name that is not a Python identifier
+becomes ``arg<i>``, see :func:`argument_names`). The convention is the one of a
 decorated function: the arguments you give (``--arg``, ``--scalar``,
 ``--shape``) are the leading MLIR arguments and are passed as they are, in
 place (what the kernel writes into them is written back and saved); the
@@ -28,9 +30,11 @@ from __future__ import annotations
 
 import argparse
 import cmath
-import inspect
+import contextlib
+import itertools
 import keyword
 import math
+import os
 import re
 import sys
 import time
@@ -38,19 +42,21 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 import numpy as np
+import numpy.lib.format as npy_format
 from mlir import ir, passmanager
 
 from . import display
-from .errors import MemkernelError
-from .kernel import Kernel, mlir_kernel
 from .analysis.shapes import argument_of, structured_names, unconditional
-from .model.shapes import Dim
-from .analysis.types import read_signature
-from .model.signature import ArgSpec, MemRefSpec, ScalarSpec, Signature, UnrankedSpec
 from .analysis.source import MLIR_LOCK, ParsedSource, parse_source
+from .analysis.types import read_signature
+from .errors import KernelAssertionError, MemkernelError
+from .kernel import Kernel, mlir_kernel, named_parameters
+from .model.shapes import Dim
+from .model.signature import ArgSpec, MemRefSpec, ScalarSpec, Signature, UnrankedSpec
+from .options import SCHEDULES
 
 
 class CommandLineError(MemkernelError, ValueError):
@@ -91,14 +97,17 @@ def check_function(parsed: ParsedSource, path: str, function: str) -> str:
     return function
 
 
-def argument_names(parsed: ParsedSource, function: str) -> list[str]:
-    """The Python names of ``@function``'s arguments: ``%a`` is ``a``, a keyword gets a ``_``
-    (``%in`` is ``in_``), a name that is no identifier (``%0``, ``%x.y``) is ``arg<i>``."""
+_RESERVED = re.compile(r"out|result\d+")
+"""Names an argument cannot have: ``out=`` of a call, and the results' ``result0``, ``result1``, ..."""
+
+
+def _source_names(parsed: ParsedSource, function: str) -> list[str]:
+    """The SSA name of each of ``@function``'s arguments as the source spells it (``a`` for ``%a``), or ``""``."""
     lines = parsed.text.splitlines()
     with MLIR_LOCK, parsed.context:
         locations = [str(a.location) for a in parsed.function(function).regions[0].blocks[0].arguments]
     names = []
-    for i, location in enumerate(locations):
+    for location in locations:
         found = _LOCATION.fullmatch(location)
         name = ""
         if found:
@@ -106,25 +115,43 @@ def argument_names(parsed: ParsedSource, function: str) -> list[str]:
             text = lines[line - 1].encode()[column - 1:].decode(errors="replace") if line <= len(lines) else ""
             ssa = _SSA_NAME.match(text)
             name = ssa.group(1) if ssa else ""
-        if keyword.iskeyword(name) or name == "out":
-            name += "_"
-        names.append(name if name.isidentifier() and name not in names else f"arg{i}")
+        names.append(name)
     return names
 
 
+def _wanted(name: str) -> tuple[int, str | None]:
+    """The Python name an SSA name asks for, and its rank: 0 as spelled, 1 with a ``_`` added, 2 none."""
+    if keyword.iskeyword(name) or _RESERVED.fullmatch(name):
+        return 1, f"{name}_"
+    return (0, name) if name.isidentifier() else (2, None)
+
+
+def argument_names(parsed: ParsedSource, function: str) -> list[str]:
+    """The Python names of ``@function``'s arguments, all different and none a result's: ``%a`` is ``a``;
+    a keyword, ``out`` or ``result<j>`` gets a ``_`` (``%in`` is ``in_``); a name that is no identifier
+    (``%0``, ``%x.y``), or that an argument spelled so has, is ``arg<i>``, with ``_`` added until no other
+    argument has it."""
+    wanted = [_wanted(name) for name in _source_names(parsed, function)]
+    names: dict[int, str] = {}
+    for rank in (0, 1):  # names as spelled first, so that %in_ keeps in_ and %in becomes arg<i>
+        for i, (r, name) in enumerate(wanted):
+            if r == rank and name is not None and name not in names.values():
+                names[i] = name
+    for i in range(len(wanted)):
+        if i not in names:
+            name = f"arg{i}"
+            while name in names.values():
+                name += "_"
+            names[i] = name
+    return [names[i] for i in range(len(wanted))]
+
+
 def make_kernel(source: str, function: str, parameters: Sequence[str], pipeline: str | None = None,
-                opt_level: int = 3, shared_libs: Sequence[str] = ()) -> Kernel:
+                opt_level: int = 3, shared_libs: Sequence[str] = (), schedule: str | None = None) -> Kernel:
     """``@function`` as a kernel whose Python parameters are ``parameters`` (the leading MLIR arguments);
     the shapes of outputs come from the inputs and the kernel's ties."""
-
-    def shapes_from_inputs(*args: Any, **kwargs: Any) -> None:
-        return None
-
-    shapes_from_inputs.__name__ = shapes_from_inputs.__qualname__ = function
-    shapes_from_inputs.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in parameters])
-    return mlir_kernel(source, name=function, pipeline=pipeline, opt_level=opt_level,
-                       shared_libs=shared_libs)(shapes_from_inputs)
+    return mlir_kernel(source, name=function, pipeline=pipeline, opt_level=opt_level, shared_libs=shared_libs,
+                       schedule=schedule)(named_parameters(function, parameters))
 
 
 # -- info ------------------------------------------------------------------------------
@@ -323,6 +350,9 @@ def parse_shape(name: str, text: str, option: str) -> tuple[int, ...]:
         shape = (-1,)
     if any(n < 0 for n in shape):
         raise CommandLineError(f"{option} {name}={text}: a shape is sizes separated by x, e.g. 512x256")
+    largest = np.iinfo(np.intp).max
+    if any(n > largest for n in shape):
+        raise CommandLineError(f"{option} {name}={text}: a size is at most {largest}")
     return shape
 
 
@@ -335,21 +365,53 @@ def _common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--opt-level", type=int, default=3, choices=range(4), help="LLVM optimization level")
     parser.add_argument("--lib", action="append", default=[], metavar="LIB",
                         help="a shared library the kernel calls into (a path, or a name such as mlir_c_runner_utils)")
+    _schedule_option(parser)
+
+
+def _schedule_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-schedule", "--schedule", dest="schedule", default=None, choices=SCHEDULES,
+                        help="where the file's own transform schedule is applied: before-bufferization (the "
+                             "default), after-bufferization, or skip (lower the file without it)")
 
 
 # -- call ------------------------------------------------------------------------------
 
 
+def _check_npy_size(file: BinaryIO, name: str, path: str) -> None:
+    """CommandLineError if the ``.npy`` header at the start of ``file`` claims more data than the file holds
+    (a truncated or forged file), before numpy allocates what it claims."""
+    version = npy_format.read_magic(file)
+    read_header = npy_format.read_array_header_1_0 if version == (1, 0) else npy_format.read_array_header_2_0
+    shape, _, dtype = read_header(file)
+    if dtype.hasobject:
+        return  # refused by allow_pickle=False
+    needed = math.prod(shape) * dtype.itemsize
+    held = os.fstat(file.fileno()).st_size - file.tell()
+    if needed > held:
+        raise CommandLineError(f"--arg {name}={path}: its header says {dtype}{list(shape)} ({needed:,} bytes of "
+                               f"data), but the file holds {held:,} bytes after it; the file is truncated or not "
+                               "written by numpy.save")
+
+
 def load_array(name: str, path: str) -> np.ndarray:
-    """The array of a ``.npy`` file; CommandLineError if it cannot be read or is no ``.npy`` file."""
+    """The array of a ``.npy`` file; CommandLineError if it cannot be read, is no ``.npy`` file or claims
+    more data than it holds, or if its array does not fit in memory."""
     try:
         with open(path, "rb") as file:
             magic = file.read(6)
             file.seek(0)
-            loaded = np.load(file, allow_pickle=False) if magic == b"\x93NUMPY" else None
+            loaded = None
+            if magic == b"\x93NUMPY":
+                _check_npy_size(file, name, path)
+                file.seek(0)
+                loaded = np.load(file, allow_pickle=False)
+    except CommandLineError:
+        raise
     except (OSError, ValueError, EOFError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise CommandLineError(f"--arg {name}={path}: cannot load it: {reason}") from None
+    except MemoryError:
+        raise CommandLineError(f"--arg {name}={path}: not enough memory to load its array") from None
     if loaded is None:
         what = "an .npz archive" if magic.startswith(b"PK") else "not a .npy file"
         raise CommandLineError(f"--arg {name}={path}: {what}; pass one .npy file (numpy.save) per argument")
@@ -379,24 +441,53 @@ def _returned(kernel: Kernel, returned: Any) -> tuple[list[Any], list[Any]]:
     return values[:spec.n_outputs], values[spec.n_outputs:]
 
 
+def _write_atomically(path: Path, array: np.ndarray) -> None:
+    """Save ``array`` to a new file next to ``path`` and rename it into place: a link at ``path`` is replaced,
+    never written through, and ``path`` never holds a partial file."""
+    for attempt in itertools.count():
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.{attempt}.tmp")
+        try:
+            handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        except FileExistsError:
+            continue
+        break
+    try:
+        with os.fdopen(handle, "wb") as file:
+            np.save(file, array)
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
 def _save(directory: Path, name: str, value: Any) -> str:
     path = directory / f"{name}.npy"
     array = np.asarray(value)
     try:
-        np.save(path, array)
+        _write_atomically(path, array)
     except OSError as exc:
         raise CommandLineError(f"cannot write {path}: {exc.strerror or exc}") from None
     return f"{name}: {summary(array)} -> {path}"
 
 
-def _refuse_overwriting_inputs(directory: Path, saved: Sequence[str], inputs: dict[str, str]) -> None:
-    """CommandLineError if a file the call would write is one of its ``--arg`` inputs."""
-    read = {Path(path).resolve(): name for name, path in inputs.items()}
+def _refuse_overwriting_inputs(directory: Path, saved: Sequence[str], inputs: Sequence[tuple[str, str]]) -> None:
+    """CommandLineError if a file the call would write is one of its ``inputs`` (each a path and how the
+    command line gave it), by the same path or through a symbolic or hard link: one device and inode."""
+    read = []
+    for path, given in inputs:
+        with contextlib.suppress(OSError):
+            read.append((os.stat(path), path, given))
     for name in saved:
-        target = (directory / f"{name}.npy").resolve()
-        if target in read:
-            raise CommandLineError(f"writing {name} to {directory / f'{name}.npy'} would overwrite the input "
-                                   f"--arg {read[target]}={inputs[read[target]]}; pass another --out DIR")
+        target = directory / f"{name}.npy"
+        try:
+            written = os.stat(target)
+        except OSError:
+            continue
+        for status, path, given in read:
+            if (written.st_dev, written.st_ino) == (status.st_dev, status.st_ino):
+                link = "" if os.path.abspath(path) == os.path.abspath(target) else f" ({target} is a link to {path})"
+                raise CommandLineError(f"writing {name} to {target} would overwrite the input {given}{link}; "
+                                       "pass another --out DIR")
 
 
 def _out_directory(text: str) -> Path:
@@ -415,10 +506,11 @@ def run_call(options: argparse.Namespace) -> int:
     values.update((name, load_array(name, path)) for name, path in request.arrays.items())
     directory = _out_directory(options.out)
     kernel = make_kernel(request.parsed.text, plan.function, plan.given, options.pipeline, options.opt_level,
-                         options.lib)
+                         options.lib, options.schedule)
     written = [name for i, name in enumerate(plan.given) if i in kernel.spec.written and is_memref(plan.args[i])]
     saved = written + plan.outputs + [f"result{j}" for j in range(len(kernel.spec.signature.results))]
-    _refuse_overwriting_inputs(directory, saved, request.arrays)
+    inputs = [(path, f"--arg {name}={path}") for name, path in request.arrays.items()]
+    _refuse_overwriting_inputs(directory, saved, [*inputs, (options.file, options.file)])
     outputs, results = _returned(kernel, kernel(*(values[n] for n in plan.given)))
     returned = [values[n] for n in written] + outputs + results
     lines = [_save(directory, name, value) for name, value in zip(saved, returned)]
@@ -538,11 +630,16 @@ def _random_arguments(plan: Plan, shapes: dict[int, tuple[int, ...]], scalars: d
     """The given arguments: random arrays of ``shapes`` (by argument index) and the scalars."""
     arrays = {}
     for i, shape in shapes.items():
+        dtype = plan.args[i].element.dtype
+        given = f"--shape {plan.names[i]}={'x'.join(map(str, shape))}"
+        size = math.prod(shape) * dtype.itemsize
+        if math.prod(max(n, 1) for n in shape) * dtype.itemsize > np.iinfo(np.intp).max:  # numpy's own limit
+            raise CommandLineError(f"{given}: numpy cannot make a {dtype} array of that shape: its sizes (the "
+                                   f"zeros left out) times {dtype.itemsize} bytes exceed {np.iinfo(np.intp).max}")
         try:
-            arrays[plan.names[i]] = random_array(shape, plan.args[i].element.dtype, rng)
+            arrays[plan.names[i]] = random_array(shape, dtype, rng)
         except MemoryError:
-            raise CommandLineError(f"--shape {plan.names[i]}={'x'.join(map(str, shape))}: not enough memory "
-                                   "for an array of that shape") from None
+            raise CommandLineError(f"{given}: not enough memory for an array of that shape ({size:,} bytes)") from None
     return [arrays[n] if n in arrays else scalars[n] for n in plan.given]
 
 
@@ -551,7 +648,7 @@ def run_bench(options: argparse.Namespace) -> int:
     plan = request.plan
     shapes = {plan.names.index(n): parse_shape(n, text, "--shape") for n, text in request.arrays.items()}
     kernel = make_kernel(request.parsed.text, plan.function, plan.given, options.pipeline, options.opt_level,
-                         options.lib)
+                         options.lib, options.schedule)
     started = time.perf_counter()
     kernel.compile()
     compile_time = time.perf_counter() - started
@@ -671,7 +768,8 @@ def _walk(op: Any) -> Iterator[Any]:
 
 
 CONVENTION = """\
-Arguments are named as in the MLIR source (%a is a; %in is in_; %0 is arg<i>).
+Arguments are named as in the MLIR source (%a is a; %in, %out, %result0 are
+in_, out_, result0_; %0 is arg<i>).
 The arguments you give are the leading ones and are passed in place: what the
 kernel writes into them is saved. Trailing memref arguments you leave out are
 outputs the call allocates; their ? dims come from the dims they are tied to."""
@@ -698,11 +796,14 @@ _RUNNER_EXAMPLE = """\
 Runs the entry (a func.func, or an llvm.func on scalars, taking no arguments) as
 `mlir-opt ... | mlir-runner -e main -entry-point-result=void` does: memkernel lowers the
 file with its default pipeline (or --pipeline), applies a transform schedule the file
-carries, links the MLIR runtime libraries it calls, and prints what the entry prints,
-then its i32/i64/f32 result as mlir-runner prints it. Options take one dash or two.
+carries (--schedule), links the MLIR runtime libraries it calls, and prints what the entry
+prints, then its i32/i64/f32 result as mlir-runner prints it. A failed cf.assert prints its
+message and exits with status 1. Options take one dash or two.
 
-example (a lit RUN line):
-  // RUN: memkernel run %s -e main -entry-point-result=void | FileCheck %s"""
+examples (lit RUN lines):
+  // RUN: memkernel run %s -e main -entry-point-result=void | FileCheck %s
+  // RUN: mlir-opt %s -convert-to-llvm | memkernel run - -e main | FileCheck %s
+  // RUN: not memkernel run %s -e main | FileCheck %s --check-prefix=ASSERT"""
 
 
 def _read_runner_source(path: str) -> str:
@@ -724,10 +825,12 @@ def _entries(parsed: ParsedSource) -> list[str]:
 
 
 def runner_kernel(source: str, path: str, entry: str, result: str, *, pipeline: str | None = None,
-                  opt_level: int = 3, shared_libs: Sequence[str] = (), llvm_options: Sequence[str] = ()) -> Kernel:
+                  opt_level: int = 3, shared_libs: Sequence[str] = (), llvm_options: Sequence[str] = (),
+                  schedule: str | None = None) -> Kernel:
     """The kernel ``memkernel run`` calls: ``@entry`` of ``source`` (read from ``path``), which must
     take no arguments and return what ``result`` (one of :data:`RUNNER_RESULTS`) says.
-    ``llvm_options`` are LLVM's command-line options for its code generation (``-enable-matrix``).
+    ``llvm_options`` are LLVM's command-line options for its code generation (``-enable-matrix``);
+    ``schedule`` where the file's transform schedule is applied (``"skip"``: not at all).
 
     Its printed output is captured into ``sys.stdout``/``sys.stderr``, in order with Python's.
     Raises CommandLineError, or the kernel's MLIRSyntaxError, SignatureError or CompileError.
@@ -745,13 +848,9 @@ def runner_kernel(source: str, path: str, entry: str, result: str, *, pipeline: 
     with MLIR_LOCK, parsed.context:
         _check_entry(read_signature(parsed.function(entry)), result)
 
-    def no_arguments() -> None:
-        return None
-
-    no_arguments.__name__ = no_arguments.__qualname__ = entry
-    no_arguments.__signature__ = inspect.Signature()  # type: ignore[attr-defined]
     return mlir_kernel(source, name=entry, pipeline=pipeline, opt_level=opt_level, shared_libs=shared_libs,
-                       capture_output=True, llvm_options=llvm_options)(no_arguments)
+                       capture_output=True, llvm_options=llvm_options,
+                       schedule=schedule)(named_parameters(entry, ()))
 
 
 def _check_entry(signature: Signature, result: str) -> None:
@@ -785,6 +884,21 @@ def runner_result(value: Any, result: str) -> str | None:
     return str(int(value))
 
 
+def call_entry(kernel: Kernel, result: str) -> KernelAssertionError | None:
+    """Call a :func:`runner_kernel` as ``mlir-runner`` does: what it prints goes to ``sys.stdout``, then the
+    line of its ``result``. A failed ``cf.assert`` stops it: its message is printed there instead, as MLIR's
+    lowering of the assertion prints it before aborting, and the KernelAssertionError is returned."""
+    try:
+        value = kernel()
+    except KernelAssertionError as failed:
+        print(failed.assertion, flush=True)
+        return failed
+    printed = runner_result(value, result)
+    if printed is not None:
+        print(printed)
+    return None
+
+
 def _libraries(entries: Sequence[str]) -> list[str]:
     """The ``--shared-libs`` values, each a comma-separated list as mlir-runner takes it."""
     return [lib for entry in entries for lib in entry.split(",") if lib]
@@ -795,10 +909,10 @@ def run_run(options: argparse.Namespace) -> int:
     path = "<stdin>" if options.file == "-" else options.file
     kernel = runner_kernel(source, path, options.entry, options.entry_point_result, pipeline=options.pipeline,
                            opt_level=options.opt_level, shared_libs=_libraries(options.shared_libs),
-                           llvm_options=options.llvm_options)
-    printed = runner_result(kernel(), options.entry_point_result)
-    if printed is not None:
-        print(printed)
+                           llvm_options=options.llvm_options, schedule=options.schedule)
+    failed = call_entry(kernel, options.entry_point_result)
+    if failed is not None:
+        raise failed
     return 0
 
 
@@ -822,6 +936,7 @@ def add_run_command(commands: Any, common: argparse.ArgumentParser) -> None:
     run.add_argument("--llvm-option", dest="llvm_options", action="append", default=[], metavar="-OPTION",
                      help="an LLVM option for code generation, such as --llvm-option=-enable-matrix "
                           "(which mlir-runner takes as -enable-matrix)")
+    _schedule_option(run)
     run.set_defaults(run=run_run)
 
 
@@ -873,6 +988,11 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def error_line(error: MemkernelError) -> str:
+    """What the command line prints on stderr for ``error`` before it exits with status 1."""
+    return f"memkernel: error: {error}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line on ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     options = parser().parse_args(argv)
@@ -881,7 +1001,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MemkernelError as exc:
         if getattr(options, "traceback", False):
             traceback.print_exc()
-        print(f"memkernel: error: {exc}", file=sys.stderr)
+        print(error_line(exc), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("\nmemkernel: interrupted", file=sys.stderr)

@@ -12,36 +12,42 @@ is one linalg op that accumulates every output with ``arith.addf``/``addi``
 (each block computes a partial product into a zero-filled output, dask sums
 the partials), or kept whole: the inputs are rechunked to one chunk along it.
 An index that a static dim (``memref<4x?xf32>``) carries is kept whole too.
+A ``linalg.generic`` whose body reads its loop indices (``linalg.index``)
+sees each block's indices counted from the block's start: each block runs
+the kernel rewritten to add the block's offset along every index to them
+(:mod:`memkernel.chunk_offsets`); a named op that reads them
+(``linalg.fill_rng_2d``) is refused.
 
 A kernel whose body is not only linalg ops on its arguments (``scf`` loops,
 ``memref.load``, calls) cannot be read this way; :func:`apply` raises
 :class:`~memkernel.errors.ChunkingError` unless the caller says every dim is
 parallel (``all_parallel=True``), which maps the kernel over matching blocks
-of same-rank arrays. The kernel itself travels to the workers by reference
-when its module can be imported there, else by value (see
-:mod:`memkernel.pickling`).
+of same-rank arrays, and promises that a block's output does not depend on
+where the block is (a kernel that reads ``linalg.index`` is refused). The
+kernel itself travels to the workers by reference when its module can be
+imported there, else by value (see :mod:`memkernel.pickling`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import string
 from collections.abc import Sequence, Set as AbstractSet
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import dask.array as da
 import numpy as np
 from mlir import ir, passmanager
 
+from .chunk_offsets import index_dims, offset_source, reads_loop_indices
 from .errors import ArgumentError, ChunkingError, ShapeError
+from .kernel import Kernel, named_parameters
 from .pickling import resolves_by_name
 from .analysis.shapes import SHAPE_PRESERVING, argument_of
 from .model.signature import MemRefSpec, ScalarSpec
 from .analysis.source import MLIR_LOCK, parse_source
-
-if TYPE_CHECKING:
-    from .kernel import Kernel
 
 _IGNORED = frozenset({"func.return", "arith.constant"}) | SHAPE_PRESERVING
 _ADD = frozenset({"arith.addf", "arith.addi"})
@@ -57,14 +63,23 @@ class Chunking:
 
     ``indices`` gives each MLIR argument's index letters (None for a scalar),
     ``reductions`` the letters some op reduces over, ``whole`` the letters that
-    must stay one chunk (static dims), and ``summable`` whether outputs of
-    blocks that split a reduction may be summed.
+    must stay one chunk (static dims), ``summable`` whether outputs of
+    blocks that split a reduction may be summed, and ``indexed``, for each
+    ``linalg.generic`` whose body reads its loop indices (``linalg.index``), by
+    its position among the kernel's top-level ops, the letters of its loop dims:
+    a block's indices along those letters (:attr:`offsets`) start at the block's offset.
     """
 
     indices: tuple[str | None, ...]
     reductions: frozenset[str]
     whole: frozenset[str]
     summable: bool
+    indexed: tuple[tuple[int, str], ...] = ()
+
+    @property
+    def offsets(self) -> str:
+        """The letters along which a block's loop indices start at its offset: one offset argument each."""
+        return "".join(sorted({c for _, loops in self.indexed for c in loops}))
 
 
 class _UnionFind:
@@ -90,6 +105,9 @@ class _Op:
     reduction_dims: frozenset[int]
     n_outputs: int
     accumulates_by_add: bool
+    position: int
+    n_loops: int
+    index_dims: frozenset[int]
 
 
 def _accumulates_by_add(op: ir.Operation, n_outputs: int) -> bool:
@@ -107,7 +125,7 @@ def _accumulates_by_add(op: ir.Operation, n_outputs: int) -> bool:
     return True
 
 
-def _read_op(op: ir.Operation, entry: ir.Block, where: str) -> _Op:
+def _read_op(op: ir.Operation, entry: ir.Block, where: str, position: int) -> _Op:
     maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
     operands: list[tuple[int, tuple[int, ...]] | None] = []
     for value, amap in zip(list(op.operands), maps):
@@ -126,7 +144,7 @@ def _read_op(op: ir.Operation, entry: ir.Block, where: str) -> _Op:
     iterators = [str(t) for t in ir.ArrayAttr(op.attributes["iterator_types"])]
     n_outputs = list(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"]))[-1]
     return _Op(tuple(operands), frozenset(d for d, t in enumerate(iterators) if "reduction" in t), n_outputs,
-               _accumulates_by_add(op, n_outputs))
+               _accumulates_by_add(op, n_outputs), position, len(iterators), index_dims(op))
 
 
 def _linalg_ops(kernel: Kernel) -> list[_Op]:
@@ -134,20 +152,30 @@ def _linalg_ops(kernel: Kernel) -> list[_Op]:
     parsed = parse_source(kernel.options.source)
     name = kernel.spec.name
     with MLIR_LOCK, parsed.context:
+        # Generalizing replaces each linalg op by one linalg.generic, and may hoist constants out of its body.
+        given = [(position, op.operation.name) for position, op in
+                 enumerate(parsed.function(name).regions[0].blocks[0].operations)
+                 if op.operation.name not in _IGNORED]
         copy = parsed.module.operation.clone()
         passmanager.PassManager.parse("builtin.module(func.func(linalg-generalize-named-ops))",
                                       parsed.context).run(copy.operation)
         func = next(op.operation for op in copy.regions[0].blocks[0].operations
                     if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == name)
         entry = func.regions[0].blocks[0]
+        generalized = [op.operation for op in entry.operations if op.operation.name not in _IGNORED]
+        if len(generalized) != len(given):
+            raise _Unanalysable("generalizing its linalg ops changed the ops of its body")
         ops = []
-        for op in entry.operations:
-            op_name = op.operation.name
-            if op_name in _IGNORED:
-                continue
+        for op, (position, op_name) in zip(generalized, given):
             if not (op_name.startswith("linalg.") and "indexing_maps" in op.attributes):
                 raise _Unanalysable(f"its body has a {op_name}, which is not a linalg structured op")
-            ops.append(_read_op(op.operation, entry, f"its {op_name}"))
+            read = _read_op(op, entry, f"its {op_name}", position)
+            if read.index_dims and op_name != "linalg.generic":
+                raise ChunkingError(
+                    f"apply(@{name}): its {op_name} reads its loop indices, which memkernel offsets per block only "
+                    "in a linalg.generic. Write it as one (mlir-opt --linalg-generalize-named-ops), or call the "
+                    "kernel on numpy arrays.")
+            ops.append(read)
     if not ops:
         raise _Unanalysable("its body has no linalg op")
     return ops
@@ -198,7 +226,14 @@ def _analyse(kernel: Kernel, ops: list[_Op]) -> Chunking:
     reductions = frozenset(letters[sets.find(("loop", n, d))] for n, op in enumerate(ops) for d in op.reduction_dims)
     summable = len(ops) == 1 and ops[0].accumulates_by_add and all(
         isinstance(spec, MemRefSpec) and spec.element.dtype != np.bool_ for spec in kernel.spec.outputs)
-    return Chunking(tuple(indices), reductions, frozenset(whole), summable)
+    indexed = []
+    for n, op in enumerate(ops):
+        if op.index_dims:
+            roots = [sets.find(("loop", n, d)) for d in range(op.n_loops)]
+            if any(root not in letters for root in roots):
+                raise _Unanalysable("a linalg.generic reads the index of a loop dim that no argument's dim gives")
+            indexed.append((op.position, "".join(letters[root] for root in roots)))
+    return Chunking(tuple(indices), reductions, frozenset(whole), summable, tuple(indexed))
 
 
 # -- building the graph -----------------------------------------------------------------
@@ -226,10 +261,14 @@ def _kernel_of(carried: Any) -> Kernel:
 
 
 def _run_block(carried: Any, sources: tuple[tuple[tuple[int, int], ...], ...], dtypes: tuple[np.dtype, ...],
-               which: int, extra_axes: int, *blocks: Any) -> np.ndarray:
-    """Output ``which`` of the kernel run on one set of blocks, into zero-filled outputs of the blocks' sizes."""
+               which: int, extra_axes: int, n_offsets: int, *blocks: Any) -> np.ndarray:
+    """Output ``which`` of the kernel run on one set of blocks, into zero-filled outputs of the blocks' sizes.
+    The first ``n_offsets`` blocks are blocks of ``arange`` s: the first index of the block along each
+    offset letter, which the kernel's leading offset arguments take."""
+    offsets = [int(b[0]) if b.size else 0 for b in blocks[:n_offsets]]
+    blocks = blocks[n_offsets:]
     outs = tuple(np.zeros(tuple(blocks[p].shape[k] for p, k in dims), dtype) for dims, dtype in zip(sources, dtypes))
-    _kernel_of(carried)(*blocks, out=outs[0] if len(outs) == 1 else outs)
+    _kernel_of(carried)(*offsets, *blocks, out=outs[0] if len(outs) == 1 else outs)
     return outs[which].reshape(outs[which].shape + (1,) * extra_axes)
 
 
@@ -300,6 +339,7 @@ def apply(kernel: Kernel, *args: Any, all_parallel: bool = False) -> Any:
             "every result is an array shaped like the inputs, or write the kernel with output memrefs."
         )
     if all_parallel:
+        _refuse_loop_indices(kernel)
         return _map_blocks(kernel, _bind(kernel, args))
     if spec.n_outputs == 0:
         raise ChunkingError(
@@ -309,7 +349,8 @@ def apply(kernel: Kernel, *args: Any, all_parallel: bool = False) -> Any:
     bound = _bind(kernel, args)
     chunking = analyse(kernel)
     _check_shapes(kernel, chunking, bound)
-    outputs = tuple(_output(kernel, chunking, bound, j) for j in range(spec.n_outputs))
+    carried = _carried(_offset_kernel(kernel, chunking) if chunking.offsets else kernel)
+    outputs = tuple(_output(kernel, carried, chunking, bound, j) for j in range(spec.n_outputs))
     return outputs[0] if len(outputs) == 1 else outputs
 
 
@@ -354,8 +395,38 @@ def _rechunked(chunking: Chunking, bound: Sequence[Any], n_inputs: int, whole: A
     return pairs
 
 
-def _output(kernel: Kernel, chunking: Chunking, bound: Sequence[Any], which: int) -> da.Array:
-    """Output ``which`` as a dask array: one kernel call per block, partial outputs summed along ``summed``."""
+def _offset_kernel(kernel: Kernel, chunking: Chunking) -> Kernel:
+    """What runs on each block of a kernel that reads its loop indices: the kernel with one leading ``index``
+    argument per offset letter (see :mod:`memkernel.chunk_offsets`), the block's first index along it."""
+    spec = kernel.spec
+    letters = chunking.offsets
+    dims = {position: {d: letters.index(c) for d, c in enumerate(loops)} for position, loops in chunking.indexed}
+    source = offset_source(kernel.options.source, spec.name, dims, len(letters))
+    inputs = [p.name for p in spec.parameters]
+    offsets = []
+    for letter in letters:
+        name = f"offset_{letter}"
+        while name in inputs:
+            name += "_"
+        offsets.append(name)
+    options = dataclasses.replace(kernel.options, source=source, name=spec.name)
+    return Kernel(named_parameters(spec.name, [*offsets, *inputs]), options)
+
+
+def _offset_pairs(chunking: Chunking, pairs: Sequence[Any]) -> list[Any]:
+    """The blockwise ``(array, index)`` pairs of the offsets: per offset letter, an ``arange`` along it chunked
+    as the first of the input ``pairs`` that carries it."""
+    found: list[Any] = []
+    for letter in chunking.offsets:
+        array, index = next((a, i) for a, i in zip(pairs[::2], pairs[1::2]) if i is not None and letter in i)
+        chunks = array.chunks[index.index(letter)]
+        found += [da.arange(sum(chunks), chunks=(chunks,), dtype=np.int64), letter]
+    return found
+
+
+def _output(kernel: Kernel, carried: Any, chunking: Chunking, bound: Sequence[Any], which: int) -> da.Array:
+    """Output ``which`` as a dask array: one call of ``carried`` (the kernel, or its offset kernel) per block,
+    partial outputs summed along ``summed``."""
     spec = kernel.spec
     inputs = chunking.indices[:spec.n_inputs]
     index = chunking.indices[spec.n_inputs + which]
@@ -367,8 +438,10 @@ def _output(kernel: Kernel, chunking: Chunking, bound: Sequence[Any], which: int
     dtypes = tuple(o.element.dtype for o in spec.outputs if isinstance(o, MemRefSpec))
     dtype = dtypes[which]
     out_index = index + "".join(summed)
-    blocks = da.blockwise(_run_block, out_index, _carried(kernel), None, sources, None, dtypes, None, which, None,
-                          len(summed), None, *pairs, dtype=dtype, concatenate=True,
+    offsets = _offset_pairs(chunking, pairs)
+    blocks = da.blockwise(_run_block, out_index, carried, None, sources, None, dtypes, None, which, None,
+                          len(summed), None, len(chunking.offsets), None, *offsets, *pairs, dtype=dtype,
+                          concatenate=True,
                           adjust_chunks={c: 1 for c in summed}, meta=np.empty((0,) * len(out_index), dtype))
     if not summed:
         return blocks
@@ -390,6 +463,18 @@ def _run_mapped(carried: Any, which: int, count: int, *blocks: Any) -> np.ndarra
             f"{np.shape(value)}; all_parallel needs outputs shaped like the inputs. Drop all_parallel=True."
         )
     return np.asarray(value)
+
+
+def _refuse_loop_indices(kernel: Kernel) -> None:
+    """ChunkingError if the kernel reads loop indices (``linalg.index``), which mapped blocks would see as their own."""
+    parsed = parse_source(kernel.options.source)
+    with MLIR_LOCK, parsed.context:
+        reads = reads_loop_indices(parsed.function(kernel.spec.name))
+    if reads:
+        raise ChunkingError(
+            f"apply(@{kernel.spec.name}, all_parallel=True): the kernel reads its loop indices (linalg.index), "
+            "so each block would compute with indices counted from its own start. Drop all_parallel=True: "
+            "memkernel then reads the kernel's linalg ops and offsets each block's indices.")
 
 
 def _map_blocks(kernel: Kernel, bound: list[Any]) -> Any:

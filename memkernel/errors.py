@@ -99,8 +99,17 @@ class KernelAssertionError(MemkernelError, AssertionError):
     """A ``cf.assert`` in the kernel failed: the user's own, or a runtime check of ``checked=True``.
 
     The kernel stopped at the failed check; what it had written before is in the
-    arrays. The message is the assertion's, with the source line it points at.
+    arrays. The message is the assertion's, with the source line it points at;
+    ``assertion`` is the assertion's message alone, as the ``cf.assert`` gives it
+    (what MLIR's own lowering prints before it aborts).
     """
+
+    def __init__(self, message: str, *, assertion: str = "") -> None:
+        super().__init__(message)
+        self.assertion = assertion
+
+    def __reduce__(self) -> tuple[type, tuple[str], dict[str, object]]:
+        return type(self), (str(self),), dict(self.__dict__)
 
 
 class OptionError(MemkernelError, ValueError, TypeError):

@@ -21,7 +21,7 @@ import inspect
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import isolate as isolation
@@ -276,6 +276,20 @@ class Kernel:
         from .display import kernel_html
 
         return kernel_html(self)
+
+
+def named_parameters(name: str, parameters: Sequence[str]) -> Callable[..., None]:
+    """A Python function called ``name`` whose parameters are ``parameters`` and whose body returns None:
+    what to decorate when a program, not a person, names a kernel's inputs (the command line, a chunk's
+    kernel in :mod:`memkernel.dask`). Its outputs' shapes come from the inputs they are tied to."""
+
+    def shapes_from_inputs(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    shapes_from_inputs.__name__ = shapes_from_inputs.__qualname__ = name
+    shapes_from_inputs.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in parameters])
+    return shapes_from_inputs
 
 
 def mlir_kernel(source: str, **options: Any) -> Callable[[Callable[..., Any]], Kernel]:

@@ -14,10 +14,13 @@ checkout, ``pytest -p memkernel.pytest_plugin`` loads it.
     (``mlir-runner``, ``mlir-cpu-runner`` or ``memkernel run``): one test per such RUN
     line, which compiles the file with memkernel, calls the entry as ``mlir-runner``
     does (``-e``, ``-entry-point-result``, ``-shared-libs``, ``-O``, and LLVM's own options
-    such as ``-enable-matrix``; ``--pipeline`` of a ``memkernel run`` line) and checks what it prints against the file's ``CHECK``
-    lines (the RUN line's ``FileCheck --check-prefix(es)``) with the ``filecheck``
-    package. The ``mlir-opt`` part of a RUN line is not run: memkernel's own pipeline
-    lowers the file, and applies a transform schedule it carries.
+    such as ``-enable-matrix``; ``--pipeline`` and ``--schedule`` of a ``memkernel run`` line) and checks
+    what it prints against the file's ``CHECK`` lines (the RUN line's ``FileCheck --check-prefix(es)``)
+    with the ``filecheck`` package. The ``mlir-opt`` part of a RUN line is not run: memkernel's own
+    pipeline lowers the file, and applies a transform schedule it carries when that part runs the
+    transform interpreter (after bufferization if it comes after ``-one-shot-bufferize``). A runner
+    under lit's ``not`` (``not mlir-runner ...``) is expected to stop at a failed ``cf.assert``, whose
+    message it prints as ``memkernel run`` does; with ``2>&1`` what it prints on stderr is checked too.
 
 When a test fails with a :class:`~memkernel.errors.MemkernelError`, its report gets a
 ``memkernel`` section naming the kernel and the line it was decorated at.
@@ -42,7 +45,7 @@ from typing import Any
 
 import pytest
 
-from .errors import MemkernelError
+from .errors import KernelAssertionError, MemkernelError
 
 _ENVIRONMENT = {"memkernel_checked": "MEMKERNEL_CHECKED", "memkernel_isolate": "MEMKERNEL_ISOLATE"}
 _SAVED = pytest.StashKey[dict[str, "str | None"]]()
@@ -151,6 +154,11 @@ class RunLine:
     pipeline: str | None = None
     check_prefixes: tuple[str, ...] | None = None
     llvm_options: tuple[str, ...] = ()
+    schedule: str | None = None
+    fails: bool = False
+    """The runner runs under ``not``: the entry is expected to stop at a failed ``cf.assert``."""
+    merges_stderr: bool = False
+    """The runner's stderr goes into what is checked (``2>&1``)."""
 
 
 def _directives(text: str) -> Iterator[tuple[int, str, str]]:
@@ -207,16 +215,19 @@ _TARGET_OPTIONS = re.compile(r"--?(march|mattr|mcpu|dump-object-file|object-file
 """Options of mlir-runner that memkernel does without: it compiles for the host CPU, in memory."""
 
 
-def _runner_options(words: list[str], line: int) -> RunLine:
-    """The entry, result, libraries, level and pipeline of a runner's options; its other options that
-    start with a dash are LLVM's (``-enable-matrix``), but for the target's, which are dropped."""
-    entry, result, libs, opt, pipeline, llvm = "main", "void", [], 3, None, []
+def _runner_options(words: list[str], line: int) -> tuple[RunLine, list[str]]:
+    """The entry, result, libraries, level, pipeline and schedule of a runner's options, and the words that
+    are no option (the file it reads); its other options that start with a dash are LLVM's
+    (``-enable-matrix``), but for the target's, which are dropped."""
+    entry, result, libs, opt, pipeline, llvm, schedule = "main", "void", [], 3, None, [], None
+    positional = []
     i = 1
     while i < len(words):
         if re.fullmatch(r"-O[0-3]", words[i]):
             opt, i = int(words[i][2]), i + 1
             continue
-        for names in (("e",), ("entry-point-result",), ("shared-libs",), ("pipeline",), ("llvm-option",)):
+        for names in (("e",), ("entry-point-result",), ("shared-libs",), ("pipeline",), ("llvm-option",),
+                      ("schedule",)):
             found = _option(words, i, *names)
             if found is not None:
                 value, i = found
@@ -228,14 +239,18 @@ def _runner_options(words: list[str], line: int) -> RunLine:
                     libs += [_library(lib) for lib in value.split(",") if lib]
                 elif names == ("pipeline",):
                     pipeline = value
+                elif names == ("schedule",):
+                    schedule = value
                 else:
                     llvm.append(value)
                 break
         else:
-            if words[i].startswith("-") and not _TARGET_OPTIONS.fullmatch(words[i]):
+            if not words[i].startswith("-"):
+                positional.append(words[i])
+            elif not _TARGET_OPTIONS.fullmatch(words[i]):
                 llvm.append(words[i])
             i += 1
-    return RunLine(line, entry, result, tuple(libs), opt, pipeline, None, tuple(llvm))
+    return RunLine(line, entry, result, tuple(libs), opt, pipeline, None, tuple(llvm), schedule), positional
 
 
 def _check_prefixes(words: list[str]) -> tuple[str, ...]:
@@ -247,19 +262,75 @@ def _check_prefixes(words: list[str]) -> tuple[str, ...]:
     return tuple(prefixes) or ("CHECK",)
 
 
+def _without_not(stage: list[str]) -> tuple[list[str], bool]:
+    """A pipeline stage without lit's ``not`` (and its ``--crash``) in front, and whether it had one."""
+    if not stage or stage[0] != "not":
+        return stage, False
+    rest = stage[1:]
+    while rest and rest[0].startswith("-"):
+        rest = rest[1:]
+    return rest, True
+
+
+def _is_runner(stage: list[str]) -> bool:
+    return bool(stage) and (stage[0] in _RUNNERS or stage[:2] == ["memkernel", "run"])
+
+
+def _opt_schedule(stages: list[list[str]]) -> str:
+    """Where the ``mlir-opt`` stages that lowered a runner's input apply the file's transform schedule, as
+    ``memkernel run --schedule`` says it: ``"skip"`` unless one runs the transform interpreter,
+    ``"after-bufferization"`` when it runs it after ``one-shot-bufferize``, else ``"before-bufferization"``."""
+    from .compile.pipeline import runs_transform_interpreter
+
+    opt = " ".join(" ".join(s) for s in stages if s and s[0] == "mlir-opt")
+    if not runs_transform_interpreter(opt):
+        return "skip"
+    bufferize = opt.find("one-shot-bufferize")
+    return "after-bufferization" if 0 <= bufferize < opt.find("interpreter") else "before-bufferization"
+
+
+def _writes(stages: list[list[str]], path: str) -> bool:
+    """Whether a command's stages write ``path`` (``-o PATH``, ``-o=PATH``, ``> PATH``, ``>PATH``)."""
+    words = [w for stage in stages for w in stage]
+    return any(w in (f"-o={path}", f">{path}") or (w in ("-o", ">") and words[k + 1:k + 2] == [path])
+               for k, w in enumerate(words))
+
+
+def _lowered_by(stages: list[list[str]], at: int, inputs: list[str], earlier: list[list[list[str]]]) -> str | None:
+    """The ``--schedule`` of the runner at ``stages[at]``, which reads ``inputs``, from the ``mlir-opt``
+    stages that lowered what it reads: those piped into it, or those of the earlier command that wrote
+    the file it reads (``%t``); None when no command says (a file made elsewhere)."""
+    if not inputs:
+        return _opt_schedule(stages[:at])
+    if inputs[0] == "%s":
+        return "skip"  # the runner reads the file as it is
+    writer = next((c for c in reversed(earlier) if _writes(c, inputs[0])), None)
+    return _opt_schedule(writer) if writer is not None else None
+
+
 def run_lines(text: str) -> list[RunLine]:
-    """The RUN lines of an MLIR test file that call an entry point, as :class:`RunLine` s."""
-    found = []
+    """The RUN lines of an MLIR test file that call an entry point, as :class:`RunLine` s.
+
+    A ``mlir-runner`` line runs what ``mlir-opt`` lowered, piped in or written by an earlier line
+    (``-o %t``): the file's transform schedule is applied only if that ``mlir-opt`` runs the
+    transform interpreter. Under lit's ``not`` the entry is expected to fail; with ``2>&1`` its
+    stderr is checked too."""
+    found: list[RunLine] = []
+    earlier: list[list[list[str]]] = []
     for line, command in _commands(text):
         stages = [shlex.split(stage) for stage in command.split("|")]
-        runner = next((s for s in stages if s and (s[0] in _RUNNERS or s[:2] == ["memkernel", "run"])), None)
-        if runner is None:
+        earlier.append(stages)
+        at = next((k for k, stage in enumerate(stages) if _is_runner(_without_not(stage)[0])), None)
+        if at is None:
             continue
-        words = runner[1:] if runner[0] == "memkernel" else runner
-        run = _runner_options(words, line)
+        runner, fails = _without_not(stages[at])
+        words = [w for w in (runner[1:] if runner[0] == "memkernel" else runner) if w != "2>&1"]
+        run, inputs = _runner_options(words, line)
+        if runner[0] in _RUNNERS:
+            run = dataclasses.replace(run, schedule=_lowered_by(stages, at, inputs, earlier[:-1]))
         checker = next((s for s in stages if s and s[0] in ("FileCheck", "filecheck")), None)
         prefixes = _check_prefixes(checker) if checker is not None else None
-        found.append(dataclasses.replace(run, check_prefixes=prefixes))
+        found.append(dataclasses.replace(run, check_prefixes=prefixes, fails=fails, merges_stderr="2>&1" in runner))
     return found
 
 
@@ -267,17 +338,23 @@ class MlirCheckFailure(Exception):
     """The output of an MLIR test file's entry did not pass its CHECK lines."""
 
 
-def run_entry(path: Path, run: RunLine) -> str:
-    """What ``memkernel run`` prints for ``run``'s entry of the file at ``path``."""
-    from .cli import runner_kernel, runner_result
+def run_entry(path: Path, run: RunLine) -> tuple[str, KernelAssertionError | None]:
+    """What ``memkernel run`` prints for ``run``'s entry of the file at ``path`` (on stdout, and on stderr
+    too for a ``2>&1`` line), and the failed assertion that stopped the entry, if one did."""
+    from .cli import call_entry, error_line, runner_kernel
 
     kernel = runner_kernel(path.read_text(), str(path), run.entry, run.result, pipeline=run.pipeline,
-                           opt_level=run.opt_level, shared_libs=run.shared_libs, llvm_options=run.llvm_options)
+                           opt_level=run.opt_level, shared_libs=run.shared_libs, llvm_options=run.llvm_options,
+                           schedule=run.schedule)
     printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        value = kernel()
-    result = runner_result(value, run.result)
-    return printed.getvalue() + (f"{result}\n" if result is not None else "")
+    with contextlib.ExitStack() as redirected:
+        redirected.enter_context(contextlib.redirect_stdout(printed))
+        if run.merges_stderr:
+            redirected.enter_context(contextlib.redirect_stderr(printed))
+        failed = call_entry(kernel, run.result)
+        if failed is not None and run.merges_stderr:
+            print(error_line(failed), file=sys.stderr)
+    return printed.getvalue(), failed
 
 
 def check_output(path: Path, output: str, prefixes: tuple[str, ...]) -> None:
@@ -308,7 +385,12 @@ class MlirItem(pytest.Item):
         self.run = run
 
     def runtest(self) -> None:
-        output = run_entry(self.path, self.run)
+        output, failed = run_entry(self.path, self.run)
+        if failed is not None and not self.run.fails:
+            raise failed
+        if failed is None and self.run.fails:
+            raise MlirCheckFailure(f"the RUN line runs the entry under `not`, but it returned instead of stopping "
+                                   f"at a failed cf.assert.\n\nThe output was:\n{output}")
         if self.run.check_prefixes is not None:
             check_output(self.path, output, self.run.check_prefixes)
 

@@ -57,6 +57,22 @@ def test_a_failed_assertion_of_the_source_is_an_exception_with_its_line():
     assert k(True, x, 2) == 2.0  # the process and the kernel live on
 
 
+@pytest.mark.parametrize("isolate", [False, True])
+def test_a_failed_assertion_gives_its_message_as_the_source_writes_it(isolate):
+    k = mlir_kernel(STORE_THEN_ASSERT, isolate=isolate)(lambda ok, x, i: None)
+    with pytest.raises(KernelAssertionError) as failed:
+        k(False, np.arange(4, dtype=F32), 2)
+    assert failed.value.assertion == "ok must be true"
+
+
+@pytest.mark.parametrize("message", ["index out of range\\nLocation: loc(unknown)", "two\\nlines"])
+def test_a_failed_assertion_keeps_a_message_of_several_lines_as_written(message):
+    k = mlir_kernel(STORE_THEN_ASSERT.replace('"ok must be true"', f'"{message}"'))(lambda ok, x, i: None)
+    with pytest.raises(KernelAssertionError) as failed:
+        k(False, np.arange(4, dtype=F32), 2)
+    assert failed.value.assertion == message.replace("\\n", "\n")
+
+
 def test_a_write_completed_before_the_failure_is_kept():
     k = mlir_kernel(STORE_THEN_ASSERT)(lambda ok, x, i: None)
     out = np.zeros((), F32)

@@ -23,7 +23,7 @@ from .allocation import OutputAllocator, allocation_error
 from .binders import Binder, CallState, ScalarBinder
 from .descriptors import align
 from .results import ResultReader
-from ..load.guard import FRAME_SIZE, MESSAGE_OFFSET, location_line
+from ..load.guard import FRAME_SIZE, MESSAGE_OFFSET, as_written, location_line
 from ..errors import ArgumentError, CallDepthError, KernelAssertionError
 from ..model.shapes import ShapeRules
 from ..model.signature import ArgSpec
@@ -213,7 +213,8 @@ class CallPlan:
             line = location_line(failed, self._source)
             raise KernelAssertionError(
                 f"{self._kernel}(): the kernel stopped at a failed assertion:\n{failed}"
-                + (f"\n    {line}" if line else "")
+                + (f"\n    {line}" if line else ""),
+                assertion=as_written(failed),
             )
         return outputs, results
 

@@ -19,7 +19,9 @@ at its top level or in a nested module) has it applied by the transform
 interpreter where upstream's tests apply it: before bufferization (and before
 a preset's strategies) by default, or after it (``schedule=``); the transform
 ops are then erased, so only the code they transformed is lowered. With a
-custom pipeline the schedule is applied before that pipeline runs.
+custom pipeline the schedule is applied before that pipeline runs, unless the
+pipeline runs ``transform-interpreter`` itself: the transform ops are then
+erased after it.
 
 Before any pipeline, the ``func.func`` declarations nothing refers to are
 dropped: a test file may declare runtime functions it never calls, with types
@@ -29,6 +31,8 @@ that would not lower or that no library at hand defines.
 from __future__ import annotations
 
 import os
+import re
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -320,6 +324,15 @@ def strip_schedule(module: ir.Module) -> None:
             del holder.attributes[_WITH_NAMED_SEQUENCE]
 
 
+_INTERPRETER = re.compile(r"\btransform-(dialect-)?interpreter\b")
+
+
+def runs_transform_interpreter(passes: str) -> bool:
+    """Whether pass pipeline text (or ``mlir-opt`` options) runs the transform interpreter, which
+    applies the module's schedule itself."""
+    return _INTERPRETER.search(passes) is not None
+
+
 def _scheduled(module: ir.Module, pipeline: Pipeline, source: str, point: str) -> None:
     """Apply (at its ``point``) and erase the module's own schedule, if it has one."""
     schedule = find_schedule(module)
@@ -332,8 +345,12 @@ def _scheduled(module: ir.Module, pipeline: Pipeline, source: str, point: str) -
 
 def add_llvm_c_interface(func: ir.Operation) -> None:
     """Give an ``llvm.func`` kernel the ``_mlir_ciface_<name>`` entry a ``func.func`` gets from
-    ``llvm.emit_c_interface``: a function of the same scalar signature that calls it."""
+    ``llvm.emit_c_interface``: a function of the same scalar signature that calls it. A module lowered
+    from a ``func.func`` with that attribute has the entry already, and keeps it."""
     name = ir.StringAttr(func.attributes["sym_name"]).value
+    siblings = func.parent.regions[0].blocks[0].operations
+    if any(op.operation.name == "llvm.func" and _name_of(op.operation) == f"_mlir_ciface_{name}" for op in siblings):
+        return
     inputs, outputs = llvm_function_types(func)
     params = ", ".join(f"%a{i}: {t}" for i, t in enumerate(inputs))
     args = ", ".join(f"%a{i}" for i in range(len(inputs)))
@@ -352,27 +369,25 @@ def add_llvm_c_interface(func: ir.Operation) -> None:
     ir.InsertionPoint.after(func).insert(wrapper.detach_from_parent())
 
 
-def _referenced_symbols(module: ir.Module) -> set[str]:
-    names: set[str] = set()
+_SYMBOL_REFERENCE = re.compile(r'@("(?:[^"\\]|\\.)*"|[\w$.-]+)')
 
-    def visit(op: ir.Operation) -> None:
-        attributes = op.attributes
-        for i in range(len(attributes)):
-            attr = attributes[i].attr
-            if isinstance(attr, ir.FlatSymbolRefAttr):
-                names.add(attr.value)
 
-    _walk(module, visit)
-    return names
+def _symbol_mentions(module: ir.Module) -> Counter[str]:
+    """How often each symbol name appears after an ``@`` in the printed module, its definition included.
+
+    Read from the text: the Python bindings abort the process on reading some attributes (a dense
+    ``complex`` constant cannot be cast), so the ops' attributes are not looked at one by one."""
+    return Counter(ir.StringAttr(ir.Attribute.parse(name, module.context)).value if name.startswith('"') else name
+                   for name in _SYMBOL_REFERENCE.findall(str(module)))
 
 
 def drop_unused_declarations(module: ir.Module) -> None:
     """Erase the ``func.func`` declarations nothing refers to: a library need not define them, and their
     types (``memref<?x?xvector<4x4xf32>>``) need not lower."""
-    used = _referenced_symbols(module)
+    mentions = _symbol_mentions(module)
     for op in list(module.body.operations):
         op = op.operation
-        if op.name == "func.func" and len(op.regions[0].blocks) == 0 and _name_of(op) not in used:
+        if op.name == "func.func" and len(op.regions[0].blocks) == 0 and mentions[_name_of(op)] <= 1:
             op.erase()
 
 
@@ -394,10 +409,14 @@ def lower(module: ir.Module, pipeline: Pipeline, source: str, until: str = "llvm
     if pipeline.custom is not None:
         if until != "llvm":
             raise ValueError(f"a custom pipeline has the stages 'input' and 'llvm', not {until!r}")
-        _scheduled(module, pipeline, source, pipeline.schedule or SCHEDULES[0])
+        interprets = runs_transform_interpreter(pipeline.custom)
+        if not interprets:
+            _scheduled(module, pipeline, source, pipeline.schedule or SCHEDULES[0])
         if pipeline.checked:
             _verify(module, source)
         _run(pipeline.custom, module, source)
+        if interprets:
+            strip_schedule(module)
         return module
     _scheduled(module, pipeline, source, "before-bufferization")
     strategies = PRESETS[pipeline.name]

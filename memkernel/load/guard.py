@@ -43,3 +43,13 @@ def location_line(message: str, source: str) -> str:
     lines = source.splitlines()
     line = int(found[1])
     return lines[line - 1].strip() if 1 <= line <= len(lines) else ""
+
+
+_LOCATED = re.compile(r"(.*)\nLocation: line \d+, column \d+", re.S)
+
+
+def as_written(message: str) -> str:
+    """A failed assertion's message without the location :func:`memkernel.compile.assertions.located` appended: the ``cf.assert``'s own
+    (a message whose last line was written in that form, ``Location: line L, column C``, loses it too)."""
+    found = _LOCATED.fullmatch(message)
+    return found[1] if found and "Location:" not in found[1] else message

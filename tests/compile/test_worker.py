@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import memkernel.compile.worker as compile_worker
+from memkernel import subprocesses
 from memkernel import ArgumentError, CompileError, mlir_kernel
 
 from ..kernels import elementwise
@@ -317,3 +318,15 @@ def test_workers_busy_while_others_were_asked_for_end_once_idle():
     assert errors == []
     running = [options for options in compile_worker._workers if compile_worker._workers[options].pid() is not None]
     assert len(running) <= compile_worker.KEEP_RUNNING
+
+
+def test_a_worker_started_in_the_callers_checkout_imports_that_memkernel(tmp_path: Path):
+    """A caller that runs in the folder holding memkernel (a checkout) has it on its path as the current
+    folder, which a worker takes off its own: the bootstrap puts that folder back, not another memkernel."""
+    (tmp_path / "memkernel").mkdir()
+    (tmp_path / "memkernel" / "__init__.py").write_text("raise ImportError('another memkernel')\n")
+    command = subprocesses.worker_command("import memkernel\nprint(memkernel.__file__)")
+    done = subprocess.run(command, cwd=subprocesses.PACKAGE_ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(Path(subprocesses.PACKAGE_ROOT) / "memkernel" / "__init__.py")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -61,6 +62,37 @@ func.func @flags(%f: memref<?xi1>, %out: memref<?xi1>) {
 }
 """
 
+NAMED_LIKE_GENERATED = """
+func.func @copy(%arg1: memref<?xf32>, %0: memref<?xf32>) {
+  linalg.copy ins(%arg1 : memref<?xf32>) outs(%0 : memref<?xf32>)
+  return
+}
+"""
+
+NAMED_LIKE_A_RESULT = """
+func.func @fill(%result0: memref<4xf32>) -> f32 {
+  %one = arith.constant 1.0 : f32
+  linalg.fill ins(%one : f32) outs(%result0 : memref<4xf32>)
+  %two = arith.constant 2.0 : f32
+  return %two : f32
+}
+"""
+
+DOUBLE = """
+func.func @double(%a: memref<?xf32>, %c: memref<?xf32>) {
+  linalg.add ins(%a, %a : memref<?xf32>, memref<?xf32>) outs(%c : memref<?xf32>)
+  return
+}
+"""
+
+
+def forged_npy(shape: tuple[int, ...], data: bytes) -> bytes:
+    """A version 1.0 ``.npy`` file of float32 whose header claims ``shape`` and whose data is ``data``."""
+    header = f"{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}"
+    header += " " * (128 - 10 - len(header) - 1) + "\n"
+    return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode() + data
+
+
 RNG = np.random.default_rng(0)
 A = RNG.standard_normal((4, 3)).astype(np.float32)
 B = RNG.standard_normal((3, 5)).astype(np.float32)
@@ -82,6 +114,7 @@ def work(tmp_path_factory) -> Path:
     np.save(root / "x32.npy", np.arange(5, dtype=np.float32))
     np.savez(root / "arrays.npz", a=A)
     (root / "odd.mlir").write_text(ODD)
+    (root / "forged.npy").write_bytes(forged_npy((2**40,), bytes(16)))
     return root
 
 
@@ -249,6 +282,15 @@ def _error(done: subprocess.CompletedProcess[str]) -> str:
      "matmul(): argument 'a' expects memref<?x?xf32> (float32, 2-d); got float32[3, 4, 5]."),
     (["bench", "kernels.mlir", "axpy", "--shape", "alpha=3", "--shape", "in_=3", "--shape", "y=3"],
      "--shape alpha: @axpy argument 'alpha' is a scalar; pass --scalar alpha=VALUE"),
+    (["call", "kernels.mlir", "matmul", "--arg", "a=forged.npy", "--arg", "b=b.npy"],
+     "--arg a=forged.npy: its header says float32[1099511627776] (4,398,046,511,104 bytes of data), but the file "
+     "holds 16 bytes after it"),
+    (["bench", "kernels.mlir", "matmul", "--shape", "a=9223372036854775807x3", "--shape", "b=3x3"],
+     "--shape a=9223372036854775807x3: numpy cannot make a float32 array of that shape"),
+    (["bench", "kernels.mlir", "matmul", "--shape", "a=9223372036854775807x0", "--shape", "b=0x3"],
+     "--shape a=9223372036854775807x0: numpy cannot make a float32 array of that shape"),
+    (["bench", "kernels.mlir", "matmul", "--shape", "a=9223372036854775808x3", "--shape", "b=3x3"],
+     "--shape a=9223372036854775808x3: a size is at most 9223372036854775807"),
 ])
 def test_bad_input_is_one_error_line_and_status_1(work, args, message):
     first = _error(memkernel(work, *args))
@@ -266,6 +308,65 @@ def test_call_refuses_to_overwrite_an_input_file(work):
                      "--arg", "y=y.npy")
     assert "would overwrite the input --arg y=y.npy; pass another --out DIR" in _error(done)
     np.testing.assert_array_equal(np.load(work / "y.npy"), np.ones(6))
+
+
+def test_call_refuses_an_output_file_hard_linked_to_an_input(work, tmp_path):
+    (tmp_path / "double.mlir").write_text(DOUBLE)
+    np.save(tmp_path / "in.npy", np.arange(4, dtype=np.float32))
+    (tmp_path / "out").mkdir()
+    os.link(tmp_path / "in.npy", tmp_path / "out" / "c.npy")
+    done = memkernel(work, "call", str(tmp_path / "double.mlir"), "double", "--arg", f"a={tmp_path / 'in.npy'}",
+                     "--out", str(tmp_path / "out"))
+    assert f"would overwrite the input --arg a={tmp_path / 'in.npy'} ({tmp_path / 'out' / 'c.npy'} is a link to" \
+        in _error(done)
+    np.testing.assert_array_equal(np.load(tmp_path / "in.npy"), np.arange(4, dtype=np.float32))
+
+
+def test_call_refuses_an_output_file_that_is_the_mlir_file(work, tmp_path):
+    (tmp_path / "double.mlir").write_text(DOUBLE)
+    np.save(tmp_path / "in.npy", np.arange(4, dtype=np.float32))
+    os.link(tmp_path / "double.mlir", tmp_path / "c.npy")
+    done = memkernel(work, "call", str(tmp_path / "double.mlir"), "double", "--arg", f"a={tmp_path / 'in.npy'}",
+                     "--out", str(tmp_path))
+    assert f"would overwrite the input {tmp_path / 'double.mlir'}" in _error(done)
+    assert (tmp_path / "double.mlir").read_text() == DOUBLE
+
+
+def test_call_replaces_a_link_in_the_output_folder_instead_of_writing_through_it(work, tmp_path):
+    (tmp_path / "double.mlir").write_text(DOUBLE)
+    np.save(tmp_path / "in.npy", np.arange(4, dtype=np.float32))
+    np.save(tmp_path / "kept.npy", np.full(4, 7, np.float32))
+    (tmp_path / "out").mkdir()
+    os.link(tmp_path / "kept.npy", tmp_path / "out" / "c.npy")
+    done = memkernel(work, "call", str(tmp_path / "double.mlir"), "double", "--arg", f"a={tmp_path / 'in.npy'}",
+                     "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "out" / "c.npy"), 2 * np.arange(4, dtype=np.float32))
+    np.testing.assert_array_equal(np.load(tmp_path / "kept.npy"), np.full(4, 7, np.float32))
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["c.npy"]  # no temporary file is left
+
+
+def test_argument_named_like_a_result_is_saved_apart_from_the_result(work, tmp_path):
+    (tmp_path / "fill.mlir").write_text(NAMED_LIKE_A_RESULT)
+    np.save(tmp_path / "r.npy", np.zeros(4, np.float32))
+    done = memkernel(work, "call", str(tmp_path / "fill.mlir"), "fill", "--arg", f"result0={tmp_path / 'r.npy'}",
+                     "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "out" / "result0_.npy"), np.ones(4, np.float32))
+    assert np.load(tmp_path / "out" / "result0.npy") == np.float32(2.0)
+    assert [line.split(":")[0] for line in done.stdout.splitlines()] == ["result0_", "result0"]
+
+
+def test_generated_argument_names_skip_the_names_the_source_spells(work, tmp_path):
+    (tmp_path / "copy.mlir").write_text(NAMED_LIKE_GENERATED)
+    done = memkernel(work, "info", str(tmp_path / "copy.mlir"))
+    assert done.returncode == 0, done.stderr
+    assert "  call:  copy(arg1, arg1_)\n     or: arg1_ = copy(arg1)" in done.stdout
+    np.save(tmp_path / "x.npy", np.arange(3, dtype=np.float32))
+    done = memkernel(work, "call", str(tmp_path / "copy.mlir"), "copy", "--arg", f"arg1={tmp_path / 'x.npy'}",
+                     "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "arg1_.npy"), np.arange(3, dtype=np.float32))
 
 
 @pytest.mark.parametrize("where", ["before", "after"])
@@ -364,3 +465,114 @@ def test_bench_shows_a_progress_line_after_a_second_and_erases_it(work):
     last = stderr.rsplit("\r", 2)
     assert last[-1] == "" and last[-2].strip() == "", "the last progress line is erased"
     assert "\n" not in stderr and "memkernel bench" not in done.stdout.decode()
+
+
+# -- run -------------------------------------------------------------------------------------
+
+FAILING_ASSERTION = """
+func.func @main() {
+  %no = arith.constant 0 : i1
+  %yes = arith.constant 1 : i1
+  vector.print str "before\\n"
+  cf.assert %yes, "assertion bar"
+  cf.assert %no, "assertion foo"
+  vector.print str "after\\n"
+  return
+}
+"""
+
+TO_LLVM = ["-convert-vector-to-llvm", "-convert-cf-to-llvm", "-convert-func-to-llvm", "-convert-arith-to-llvm",
+           "-reconcile-unrealized-casts"]
+
+SCHEDULED = """
+func.func private @printMemrefF32(memref<*xf32>)
+func.func @main() {
+  %a = memref.alloc() : memref<10xf32>
+  %two = arith.constant 2.0 : f32
+  linalg.fill ins(%two : f32) outs(%a : memref<10xf32>)
+  linalg.add ins(%a, %a : memref<10xf32>, memref<10xf32>) outs(%a : memref<10xf32>)
+  %u = memref.cast %a : memref<10xf32> to memref<*xf32>
+  call @printMemrefF32(%u) : (memref<*xf32>) -> ()
+  memref.dealloc %a : memref<10xf32>
+  return
+}
+module attributes {transform.with_named_sequence} {
+  transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {
+    %add = transform.structured.match ops{["linalg.add"]} in %root : (!transform.any_op) -> !transform.any_op
+    SCHEDULE
+    transform.yield
+  }
+}
+"""
+TILE = ("%tiled, %loop = transform.structured.tile_using_for %add tile_sizes [4] "
+        ": (!transform.any_op) -> (!transform.any_op, !transform.any_op)")
+FAILING_SCHEDULE = '%loop = transform.get_parent_op %add {op_name = "scf.for"} : (!transform.any_op) -> !transform.any_op'
+PRINTED_FOURS = "[" + ",  ".join(["4"] * 10) + "]"
+
+
+def mlir_tool(name: str) -> Path:
+    import mlir.ir
+
+    return Path(mlir.ir.__file__).parent / "bin" / name
+
+
+def lowered_by_mlir_opt(source: str, passes: list[str]) -> str:
+    return subprocess.run([str(mlir_tool("mlir-opt")), *passes], input=source, capture_output=True, text=True,
+                          check=True).stdout
+
+
+def test_run_prints_a_failed_assertions_message_as_mlir_runner_does_and_exits_with_status_1(work, tmp_path):
+    (tmp_path / "assert.mlir").write_text(FAILING_ASSERTION)
+    done = memkernel(work, "run", str(tmp_path / "assert.mlir"))
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stdout == "before\nassertion foo\n"
+    assert done.stderr.startswith("memkernel: error: main(): the kernel stopped at a failed assertion:\nassertion foo")
+
+
+@pytest.mark.skipif(shutil.which("stdbuf") is None, reason="needs stdbuf to see what mlir-runner printed")
+def test_run_of_upstream_lowered_ir_prints_what_mlir_runner_prints_before_it_aborts(work):
+    lowered = lowered_by_mlir_opt(FAILING_ASSERTION, TO_LLVM)
+    runtime = mlir_tool("mlir-runner").parent.parent / "lib" / "libmlir_c_runner_utils.so"
+    # Unbuffered, so that what mlir-runner printed before abort() reaches the pipe.
+    upstream = subprocess.run(["stdbuf", "-o0", str(mlir_tool("mlir-runner")), "-e", "main",
+                               "-entry-point-result=void", f"-shared-libs={runtime}"], input=lowered,
+                              capture_output=True, text=True)
+    assert upstream.returncode != 0 and upstream.stdout == "before\nassertion foo\n"
+    done = subprocess.run([sys.executable, "-m", "memkernel", "run", "-"], input=lowered, capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, MEMKERNEL_CACHE_DIR=str(work / "cache")))
+    assert (done.returncode, done.stdout) == (1, upstream.stdout)
+
+
+def test_run_of_ir_lowered_from_a_function_with_a_c_interface(work):
+    source = """
+func.func @main() -> i32 attributes { llvm.emit_c_interface } {
+  %v = arith.constant dense<[1.0, 2.5]> : vector<2xf32>
+  vector.print %v : vector<2xf32>
+  %c = arith.constant 7 : i32
+  return %c : i32
+}"""
+    lowered = lowered_by_mlir_opt(source, TO_LLVM)
+    assert "llvm.func @_mlir_ciface_main" in lowered
+    done = subprocess.run([sys.executable, "-m", "memkernel", "run", "-", "-entry-point-result=i32"], input=lowered,
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, MEMKERNEL_CACHE_DIR=str(work / "cache")))
+    assert (done.returncode, done.stdout, done.stderr) == (0, "( 1, 2.5 )\n7\n", "")
+
+
+def test_run_skips_the_files_schedule_when_told_to(work, tmp_path):
+    (tmp_path / "scheduled.mlir").write_text(SCHEDULED.replace("SCHEDULE", FAILING_SCHEDULE))
+    applied = memkernel(work, "run", str(tmp_path / "scheduled.mlir"))
+    assert "the module's transform schedule failed" in _error(applied)
+    skipped = memkernel(work, "run", str(tmp_path / "scheduled.mlir"), "--schedule=skip")
+    assert skipped.returncode == 0, skipped.stderr
+    assert skipped.stdout.splitlines()[1] == PRINTED_FOURS
+
+
+def test_run_with_a_pipeline_that_runs_the_transform_interpreter_applies_the_schedule_there(work, tmp_path):
+    (tmp_path / "scheduled.mlir").write_text(SCHEDULED.replace("SCHEDULE", TILE))
+    passes = ("builtin.module(transform-interpreter,convert-linalg-to-loops,convert-scf-to-cf,expand-strided-metadata,"
+              "lower-affine,convert-arith-to-llvm,finalize-memref-to-llvm,convert-func-to-llvm,convert-cf-to-llvm,"
+              "reconcile-unrealized-casts)")
+    done = memkernel(work, "run", str(tmp_path / "scheduled.mlir"), f"--pipeline={passes}")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[1] == PRINTED_FOURS

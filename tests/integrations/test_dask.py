@@ -135,6 +135,47 @@ func.func @sum_and_product(%a: memref<?xf64>, %b: memref<?xf64>, %s: memref<?xf6
   return
 }"""
 
+POSITIONS = """
+func.func @positions(%x: memref<?x?xf64> {llvm.noalias}, %y: memref<?x?xf64>) {
+  linalg.generic {indexing_maps = [affine_map<(i, j) -> (i, j)>, affine_map<(i, j) -> (i, j)>],
+                  iterator_types = ["parallel", "parallel"]}
+      ins(%x : memref<?x?xf64>) outs(%y : memref<?x?xf64>) {
+  ^bb0(%a: f64, %o: f64):
+    %i = linalg.index 0 : index
+    %j = linalg.index 1 : index
+    %c100 = arith.constant 100 : index
+    %hi = arith.muli %i, %c100 : index
+    %ij = arith.addi %hi, %j : index
+    %n = arith.index_cast %ij : index to i64
+    %f = arith.sitofp %n : i64 to f64
+    %s = arith.addf %a, %f : f64
+    linalg.yield %s : f64
+  }
+  return
+}"""
+
+WEIGHTED_SUM = """
+func.func @weighted_sum(%x: memref<?xf64>, %total: memref<f64>) {
+  linalg.generic {indexing_maps = [affine_map<(i) -> (i)>, affine_map<(i) -> ()>],
+                  iterator_types = ["reduction"]}
+      ins(%x : memref<?xf64>) outs(%total : memref<f64>) {
+  ^bb0(%a: f64, %o: f64):
+    %i = linalg.index 0 : index
+    %n = arith.index_cast %i : index to i64
+    %w = arith.sitofp %n : i64 to f64
+    %p = arith.mulf %a, %w : f64
+    %s = arith.addf %o, %p : f64
+    linalg.yield %s : f64
+  }
+  return
+}"""
+
+RANDOM_FILL = """
+func.func @random_fill(%lo: f64, %hi: f64, %seed: i32, %o: memref<?x?xf64>) {
+  linalg.fill_rng_2d ins(%lo, %hi, %seed : f64, f64, i32) outs(%o : memref<?x?xf64>)
+  return
+}"""
+
 
 @mlir_kernel(MATMUL)
 def matmul(a, b):
@@ -256,6 +297,44 @@ def test_window_indexing_map_is_refused():
         memkernel_dask.apply(conv, da.ones(10, dtype=np.float32), da.ones(3, dtype=np.float32))
 
 
+def test_loop_indices_of_each_block_count_from_its_offset():
+    positions = mlir_kernel(POSITIONS)(lambda x: None)
+    x = random((7, 9), np.float64)
+    out = memkernel_dask.apply(positions, da.from_array(x, chunks=(3, 4)))
+    i, j = np.indices(x.shape)
+    np.testing.assert_array_equal(compute(out), x + 100 * i + j)
+
+
+def test_loop_index_of_a_reduction_split_into_partial_sums_counts_from_each_chunk():
+    weighted_sum = mlir_kernel(WEIGHTED_SUM)(lambda x: None)
+    assert memkernel_dask.analyse(weighted_sum).summable
+    x = np.arange(1, 9, dtype=np.float64)
+    out = memkernel_dask.apply(weighted_sum, da.from_array(x, chunks=3))
+    assert compute(out)[()] == np.dot(x, np.arange(8))
+
+
+def test_input_named_like_an_offset_does_not_collide_with_it():
+    positions = mlir_kernel(POSITIONS)(lambda offset_a: None)
+    x = random((5, 6), np.float64)
+    out = memkernel_dask.apply(positions, da.from_array(x, chunks=(2, 4)))
+    i, j = np.indices(x.shape)
+    np.testing.assert_array_equal(compute(out), x + 100 * i + j)
+
+
+def test_named_op_that_reads_loop_indices_is_refused():
+    random_fill = mlir_kernel(RANDOM_FILL)(lambda lo, hi, seed: None)
+    with pytest.raises(ChunkingError, match=r"apply\(@random_fill\): its linalg.fill_rng_2d reads its loop "
+                                            r"indices.*only in a linalg.generic"):
+        memkernel_dask.apply(random_fill, 0.0, 1.0, 7)
+
+
+def test_all_parallel_refuses_a_kernel_that_reads_loop_indices():
+    positions = mlir_kernel(POSITIONS)(lambda x: None)
+    with pytest.raises(ChunkingError, match=r"apply\(@positions, all_parallel=True\): the kernel reads its loop "
+                                            r"indices \(linalg.index\).*Drop all_parallel=True"):
+        memkernel_dask.apply(positions, da.ones((4, 4), chunks=2), all_parallel=True)
+
+
 def test_wrong_dtype_names_the_argument_and_the_fix():
     with pytest.raises(ArgumentError, match=r"apply\(@matmul\): argument 'b' expects memref<\?x\?xf32>.*float64.*"
                                             r"b\.astype\(np\.float32\)"):
@@ -299,6 +378,14 @@ def test_matmul_on_worker_processes_matches_numpy(client):
     a, b = random((40, 30), np.float32), random((30, 20), np.float32, seed=1)
     c = memkernel_dask.apply(matmul, da.from_array(a, chunks=(20, 15)), da.from_array(b, chunks=(15, 10)))
     np.testing.assert_allclose(client.compute(c).result(), a @ b, rtol=1e-5, atol=1e-4)
+
+
+def test_loop_indices_on_worker_processes_count_from_each_blocks_offset(client):
+    positions = mlir_kernel(POSITIONS)(lambda x: None)
+    x = random((12, 10), np.float64)
+    out = memkernel_dask.apply(positions, da.from_array(x, chunks=(5, 4)))
+    i, j = np.indices(x.shape)
+    np.testing.assert_array_equal(client.compute(out).result(), x + 100 * i + j)
 
 
 _counts: dict[str, int] = {}

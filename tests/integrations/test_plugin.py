@@ -159,17 +159,17 @@ def test_several_run_lines_of_one_entry_are_several_tests_named_by_line(tmp_path
 
 @pytest.mark.parametrize(("command", "expected"), [
     ("mlir-opt %s -test-lower-to-llvm | mlir-runner -e main -entry-point-result=void | FileCheck %s",
-     RunLine(1, "main", "void", (), 3, None, ("CHECK",))),
+     RunLine(1, "main", "void", (), 3, None, ("CHECK",), schedule="skip")),
     ("mlir-opt %s | mlir-runner -e=entry --entry-point-result i32 -O0 "
      "-shared-libs=%mlir_lib_dir/libmlir_c_runner_utils%shlibext,%mlir_runner_utils | "
      "FileCheck %s --check-prefixes=A,B",
-     RunLine(1, "entry", "i32", ("mlir_c_runner_utils", "mlir_runner_utils"), 0, None, ("A", "B"))),
+     RunLine(1, "entry", "i32", ("mlir_c_runner_utils", "mlir_runner_utils"), 0, None, ("A", "B"), schedule="skip")),
     ("memkernel run %s -e go --pipeline=fast -O2 -shared-libs=/opt/lib/libx.so --llvm-option=-enable-matrix",
      RunLine(1, "go", "void", ("/opt/lib/libx.so",), 2, "fast", None, ("-enable-matrix",))),
     ("mlir-runner -e main -enable-matrix -march=x86-64 -mattr=+avx2 -matrix-default-layout=row-major "
      "-shared-libs=%mlir_c_runner_utils",
      RunLine(1, "main", "void", ("mlir_c_runner_utils",), 3, None, None,
-             ("-enable-matrix", "-matrix-default-layout=row-major"))),
+             ("-enable-matrix", "-matrix-default-layout=row-major"), "skip")),
 ])
 def test_a_run_line_gives_the_entry_its_result_libraries_level_pipeline_prefixes_and_llvm_options(command: str,
                                                                                     expected: RunLine) -> None:
@@ -181,7 +181,7 @@ def test_run_lines_join_continuations_and_skip_commands_that_run_no_entry() -> N
             "// RUN: mlir-opt %s -pass \\\n"
             "// RUN:   | mlir-runner -e f \\\n"
             "// RUN:   -entry-point-result=f32 | FileCheck %s --check-prefix=F\n")
-    assert run_lines(text) == [RunLine(2, "f", "f32", (), 3, None, ("F",))]
+    assert run_lines(text) == [RunLine(2, "f", "f32", (), 3, None, ("F",), schedule="skip")]
 
 
 def test_run_lines_substitute_lits_definitions() -> None:
@@ -190,3 +190,93 @@ def test_run_lines_substitute_lits_definitions() -> None:
             "// DEFINE:    -entry-point-result=i64 -shared-libs=%mlir_runner_utils\n"
             "// RUN: %{run} | FileCheck %s\n")
     assert run_lines(text) == [RunLine(4, "go", "i64", ("mlir_runner_utils",), 3, None, ("CHECK",))]
+
+
+@pytest.mark.parametrize(("command", "expected"), [
+    ("mlir-opt %s -convert-to-llvm | not mlir-runner -e main 2>&1 | FileCheck %s",
+     RunLine(1, check_prefixes=("CHECK",), schedule="skip", fails=True, merges_stderr=True)),
+    ("mlir-opt %s | not --crash mlir-runner -e main", RunLine(1, schedule="skip", fails=True)),
+    ("mlir-opt %s -transform-interpreter -one-shot-bufferize | mlir-runner -e main",
+     RunLine(1, schedule="before-bufferization")),
+    ("mlir-opt %s -one-shot-bufferize -transform-interpreter | mlir-runner -e main",
+     RunLine(1, schedule="after-bufferization")),
+    ("mlir-opt %s -test-transform-dialect-interpreter | mlir-runner -e main",
+     RunLine(1, schedule="before-bufferization")),
+    ("mlir-runner %s -e main", RunLine(1, schedule="skip")),
+    ("not memkernel run %s --schedule=skip 2>&1", RunLine(1, schedule="skip", fails=True, merges_stderr=True)),
+    ("memkernel run %s", RunLine(1)),
+])
+def test_a_run_line_says_whether_the_entry_fails_its_stderr_is_checked_and_where_the_schedule_applies(
+        command: str, expected: RunLine) -> None:
+    assert run_lines(f"// RUN: {command}\n") == [expected]
+
+
+def test_a_runner_of_a_file_an_earlier_run_line_wrote_takes_the_schedule_of_the_line_that_wrote_it() -> None:
+    text = ("// RUN: mlir-opt %s -o %t\n"
+            "// RUN: mlir-opt %s -transform-interpreter -convert-to-llvm -o %t\n"
+            "// RUN: mlir-runner %t -e main | FileCheck %s\n"
+            "// RUN: mlir-runner %t.other -e main\n")
+    assert [run.schedule for run in run_lines(text)] == ["before-bufferization", None]
+
+
+FAILING_ASSERTION = """\
+// RUN: mlir-opt %s -convert-to-llvm | not mlir-runner -e main | FileCheck %s
+// RUN: mlir-opt %s -convert-to-llvm | not mlir-runner -e main 2>&1 | FileCheck %s --check-prefix=ERROR
+// RUN: mlir-opt %s -convert-to-llvm | mlir-runner -e main
+func.func @main() {
+  %no = arith.constant 0 : i1
+  vector.print str "before\\n"
+  cf.assert %no, "assertion foo"
+  vector.print str "after\\n"
+  return
+}
+// CHECK: before
+// CHECK-NEXT: assertion foo
+// CHECK-NOT: after
+// ERROR: assertion foo
+// ERROR: memkernel: error: main(): the kernel stopped at a failed assertion:
+"""
+
+FAILING_SCHEDULE = """\
+// RUN: mlir-opt %s -convert-to-llvm | mlir-runner -e main | FileCheck %s
+// RUN: mlir-opt %s -transform-interpreter -convert-to-llvm | mlir-runner -e main | FileCheck %s
+func.func @main() {
+  %a = memref.alloc() : memref<4xf32>
+  %two = arith.constant 2.0 : f32
+  %c0 = arith.constant 0 : index
+  linalg.fill ins(%two : f32) outs(%a : memref<4xf32>)
+  %v = vector.transfer_read %a[%c0], %two : memref<4xf32>, vector<4xf32>
+  vector.print %v : vector<4xf32>
+  memref.dealloc %a : memref<4xf32>
+  return
+}
+module attributes {transform.with_named_sequence} {
+  transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {
+    %fill = transform.structured.match ops{["linalg.fill"]} in %root : (!transform.any_op) -> !transform.any_op
+    %loop = transform.get_parent_op %fill {op_name = "scf.for"} : (!transform.any_op) -> !transform.any_op
+    transform.yield
+  }
+}
+// CHECK: ( 2, 2, 2, 2 )
+"""
+
+
+def test_a_runner_under_not_passes_when_the_entry_stops_at_a_failed_assertion_and_fails_otherwise(
+        tmp_path: Path) -> None:
+    write(tmp_path, "checks/assert.mlir", FAILING_ASSERTION)
+    write(tmp_path, "checks/returns.mlir", PRINTING.replace("| mlir-runner", "| not mlir-runner") + "// CHECK: 1\n")
+    run = run_pytest(tmp_path, "-v", "--memkernel-mlir=checks", "checks")
+    assert "assert.mlir::main:line1 PASSED" in run.stdout and "assert.mlir::main:line2 PASSED" in run.stdout
+    assert "assert.mlir::main:line3 FAILED" in run.stdout
+    assert "assert.mlir, RUN line 3 (@main): main(): the kernel stopped at a failed assertion" in run.stdout
+    assert "returns.mlir::main FAILED" in run.stdout
+    assert "the RUN line runs the entry under `not`, but it returned" in run.stdout
+    assert "2 failed, 2 passed" in run.stdout, run.stdout
+
+
+def test_the_schedule_is_applied_only_where_the_run_lines_mlir_opt_runs_the_interpreter(tmp_path: Path) -> None:
+    write(tmp_path, "checks/schedule.mlir", FAILING_SCHEDULE)
+    run = run_pytest(tmp_path, "-v", "--memkernel-mlir=checks", "checks")
+    assert "schedule.mlir::main:line1 PASSED" in run.stdout, run.stdout
+    assert "schedule.mlir::main:line2 FAILED" in run.stdout
+    assert "the module's transform schedule failed" in run.stdout

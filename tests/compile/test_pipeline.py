@@ -1,0 +1,47 @@
+"""The pipeline's work around the passes: declarations nothing calls, a schedule a custom pipeline applies itself."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from memkernel import mlir_kernel
+
+ADD_A_COMPLEX_CONSTANT = """
+func.func @add_constant(%x: memref<3xcomplex<f32>>, %y: memref<3xcomplex<f32>>) {
+  %c = arith.constant dense<(1.0, 5.0)> : tensor<3xcomplex<f32>>
+  %m = bufferization.to_buffer %c : tensor<3xcomplex<f32>> to memref<3xcomplex<f32>>
+  linalg.add ins(%x, %m : memref<3xcomplex<f32>>, memref<3xcomplex<f32>>) outs(%y : memref<3xcomplex<f32>>)
+  return
+}"""
+
+TILED_DOUBLE = """
+func.func @double(%x: memref<10xf32>, %y: memref<10xf32>) {
+  linalg.add ins(%x, %x : memref<10xf32>, memref<10xf32>) outs(%y : memref<10xf32>)
+  return
+}
+module attributes {transform.with_named_sequence} {
+  transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {
+    %add = transform.structured.match ops{["linalg.add"]} in %root : (!transform.any_op) -> !transform.any_op
+    %tiled, %loop = transform.structured.tile_using_for %add tile_sizes [4]
+      : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    transform.yield
+  }
+}"""
+
+LOWER_WITH_THE_INTERPRETER = (
+    "builtin.module(transform-interpreter,convert-linalg-to-loops,convert-scf-to-cf,expand-strided-metadata,"
+    "lower-affine,convert-arith-to-llvm,finalize-memref-to-llvm,convert-func-to-llvm,convert-cf-to-llvm,"
+    "reconcile-unrealized-casts)")
+
+
+def test_kernel_with_a_dense_complex_constant_compiles():
+    kernel = mlir_kernel(ADD_A_COMPLEX_CONSTANT, cache=False)(lambda x: None)
+    x = np.array([1 + 2j, -3j, 0.5], np.complex64)
+    np.testing.assert_array_equal(kernel(x), x + np.complex64(1 + 5j))
+
+
+def test_custom_pipeline_that_runs_the_transform_interpreter_applies_the_schedule_itself():
+    kernel = mlir_kernel(TILED_DOUBLE, pipeline=LOWER_WITH_THE_INTERPRETER, cache=False)(lambda x: None)
+    assert "scf.for" in kernel.ir("llvm") or "llvm.cond_br" in kernel.ir("llvm")
+    x = np.arange(10, dtype=np.float32)
+    np.testing.assert_array_equal(kernel(x), 2 * x)
