@@ -13,12 +13,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from . import forking
 from . import isolate as isolation
 from .call.allocation import allocator_for
 from .call.binders import binder_for
@@ -151,7 +151,7 @@ class Kernel:
             self._callbacks = bind_callbacks(parsed, callbacks or {}, self._pending, kernel=self.spec.name)
         self.__signature__ = self.spec.python_signature
         self._invoker: Invoker | None = None
-        self._lock = threading.Lock()
+        self._lock = forking.lock()  # held while the compile worker compiles: a forked child must not wait for it
         isolation.check_options(self.spec.name, isolate, timeout, callbacks)
 
     @property

@@ -199,6 +199,21 @@ def test_a_forked_child_gets_a_worker_of_its_own(floats):
     np.testing.assert_array_equal(add(b, b), b + b)
 
 
+def test_a_forked_child_does_not_hold_the_parents_worker_open(floats):
+    add_kernel(isolate=True)(*floats)
+    parent_worker = memkernel.isolate.process.worker()
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(5)
+        os._exit(0)
+    try:
+        parent_worker.close()  # its end of the channel closed: the worker ends by itself, unless a child holds it
+        assert parent_worker.process.returncode == 0
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
 def test_a_worker_that_cannot_start_is_a_kernel_crashed(monkeypatch, floats):
     add = add_kernel(isolate=True)
     memkernel.isolate.process.worker().kill()

@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any, TypeVar
 
 from ..errors import CompileError
+from ..forking import close_descriptor
 
 T = TypeVar("T")
 
@@ -156,6 +157,12 @@ class _Process:
         for file in (self.requests, self.replies, self.stderr):
             with contextlib.suppress(OSError):
                 file.close()
+
+    def forget(self) -> None:
+        """In a forked child: close the descriptors, never the buffered files, whose locks a thread of the
+        parent may have held at the fork (one waits in :meth:`exchange` while it compiles)."""
+        for file in (self.requests, self.replies, self.stderr):
+            close_descriptor(file)
 
 
 class CompileWorker:
@@ -342,7 +349,7 @@ def _forget_in_child() -> None:
     for each in _workers.values():
         process = each._process
         if process is not None:
-            process.close()
+            process.forget()
     _workers = {}
     _workers_lock = threading.Lock()
 

@@ -28,6 +28,7 @@ import memkernel
 
 from . import channel
 from ..compile.worker import SAFE_PATH
+from ..forking import close_descriptor
 from .shared import Segment
 
 TRIM_AT = 1 << 20
@@ -173,6 +174,19 @@ class Worker:
         for file in self._outputs:
             file.close()
 
+    def forget(self) -> None:
+        """In a forked child: close the child's copies of the channel, the output files and the segment.
+
+        Kept, they would hold the parent's worker to a channel the parent
+        closed and the segment's memory mapped in the child. The buffered
+        files close through their raw files (see :mod:`memkernel.forking`).
+        """
+        self._socket.close()
+        for file in self._outputs:
+            close_descriptor(file)
+        if self.segment is not None:
+            self.segment.close()
+
     def _read(self, index: int, start: int, end: int) -> bytes:
         return os.pread(self._outputs[index].fileno(), end - start, start)
 
@@ -219,6 +233,8 @@ def lock() -> threading.Lock:
 def _forget_in_child() -> None:
     """A forked child starts its own worker; the parent's belongs to the parent."""
     global _lock, _worker
+    if _worker is not None:
+        _worker.forget()
     _lock = threading.Lock()
     _worker = None
 
