@@ -9,13 +9,14 @@ import signal
 import sys
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
 
 import memkernel.isolate
-from memkernel import (ArgumentError, CompileError, KernelCrashed, KernelTimeout, MemkernelError, ShapeError,
-                       SignatureError, mlir_kernel)
+from memkernel import (ArgumentError, CompileError, KernelAssertionError, KernelCrashed, KernelTimeout, MemkernelError,
+                       ShapeError, SignatureError, mlir_kernel)
 
 from .kernels import elementwise
 
@@ -202,7 +203,9 @@ def test_a_forked_child_gets_a_worker_of_its_own(floats):
 def test_a_forked_child_does_not_hold_the_parents_worker_open(floats):
     add_kernel(isolate=True)(*floats)
     parent_worker = memkernel.isolate.process.worker()
-    pid = os.fork()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # forking a process with threads: the point here
+        pid = os.fork()
     if pid == 0:
         time.sleep(5)
         os._exit(0)
@@ -265,6 +268,26 @@ def test_ctrl_c_ends_a_hanging_isolated_call_and_the_next_call_works(floats):
 
 
 # -- what the kernel writes -----------------------------------------------------------
+
+
+FILL_ONES = """func.func @fill(%y: memref<?xf32>, %n: index) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %one = arith.constant 1.0 : f32
+  scf.for %i = %c0 to %n step %c1 {
+    memref.store %one, %y[%i] : memref<?xf32>
+  }
+  return
+}"""
+
+
+@pytest.mark.parametrize("isolate", [True, False])
+def test_the_writes_before_a_failed_check_reach_the_callers_array(isolate):
+    fill = mlir_kernel(FILL_ONES, checked=True, isolate=isolate)(lambda y, n: None)
+    whole = np.zeros(8, np.float32)
+    with pytest.raises(KernelAssertionError, match="out-of-bounds"):
+        fill(whole[::2], 6)  # a copy in process; stores 0 to 3, then stops at the check of the store to 4
+    np.testing.assert_array_equal(whole, np.tile(np.array([1, 0], np.float32), 4))
 
 
 @pytest.mark.parametrize("isolate", [True, False])

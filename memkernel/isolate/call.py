@@ -73,11 +73,13 @@ class IsolatedRun:
             worker = self._worker()
             values: list[Value] = [self._value(b, c) for b, c in zip(self._binders, checked)]
             views = self._copy_in(worker.segment_for(layout.size), layout, arrays, checked, fresh, values)
-            results = self._request(worker, values, args, checked, waited)
+            reply = self._request(worker, values, args, checked, waited)
+            # Whatever the worker replied, the kernel's writes reach the caller's arrays, as in process: a
+            # failed check (checked=True) stopped the kernel after the writes before it.
             for i, view in views.items():
                 if self._written[i] or fresh[i]:
                     np.copyto(checked[i], view, casting="no")
-        returned = tuple(outputs) + self._results(results, layout)
+        returned = tuple(outputs) + self._results(self._reply(reply), layout)
         if not returned:
             return None
         return returned[0] if len(returned) == 1 else returned
@@ -127,7 +129,9 @@ class IsolatedRun:
             lock.release()
 
     def _request(self, worker: process.Worker, values: list[Value], args: tuple[Any, ...],
-                 checked: list[Any], waited: float) -> Results:
+                 checked: list[Any], waited: float) -> tuple[str, Any]:
+        """The worker's reply to the call: ``("ok", Results)`` or ``("error", exception)``; KernelCrashed or
+        KernelTimeout when it died or took too long."""
         # The budget is the call's: the ``waited`` seconds behind other calls are spent; starting a worker,
         # compiling the kernel in it and copying the arrays in are not.
         remaining = None if self._timeout is None else max(self._timeout - waited, 0.001)
@@ -143,7 +147,7 @@ class IsolatedRun:
                 "worker process was killed and starts afresh at the next call. Raise timeout= if the kernel needs "
                 "longer; the arrays it may write were left as they were before the call."
             ) from None
-        return self._reply(reply)
+        return reply  # type: ignore[no-any-return]
 
     def _worker(self) -> process.Worker:
         """The running worker, started now if needed; KernelCrashed if it dies while starting."""
