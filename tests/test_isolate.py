@@ -290,6 +290,40 @@ def test_the_writes_before_a_failed_check_reach_the_callers_array(isolate):
     np.testing.assert_array_equal(whole, np.tile(np.array([1, 0], np.float32), 4))
 
 
+FILL_TWO = """func.func @fill_two(%x: memref<?xf32>, %y: memref<?xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %n = memref.dim %x, %c0 : memref<?xf32>
+  %one = arith.constant 1.0 : f32
+  scf.for %i = %c0 to %n step %c1 {
+    memref.store %one, %x[%i] : memref<?xf32>
+    memref.store %one, %y[%i] : memref<?xf32>
+  }
+  return
+}"""
+
+
+@pytest.mark.parametrize("isolate", [True, False])
+def test_a_ctrl_c_during_the_copy_back_is_raised_once_every_array_is_written(monkeypatch, isolate):
+    fill_two = mlir_kernel(FILL_TWO, isolate=isolate)(lambda x, y: None)
+    whole_x, whole_y = np.zeros(8, np.float32), np.zeros(8, np.float32)
+    fill_two(np.zeros(4, np.float32), np.zeros(4, np.float32))  # compiled, and the worker started
+    copyto = np.copyto
+
+    def ctrl_c_after_the_first_copy_back(destination, source, **options):
+        copyto(destination, source, **options)
+        if np.shares_memory(destination, whole_x) or np.shares_memory(destination, whole_y):
+            monkeypatch.setattr(np, "copyto", copyto)
+            signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(np, "copyto", ctrl_c_after_the_first_copy_back)
+    with pytest.raises(KeyboardInterrupt):
+        fill_two(whole_x[::2], whole_y[::2])  # step views: copies in process, copied back either way
+    expected = np.tile(np.array([1, 0], np.float32), 4)
+    np.testing.assert_array_equal(whole_x, expected)
+    np.testing.assert_array_equal(whole_y, expected)
+
+
 @pytest.mark.parametrize("isolate", [True, False])
 def test_non_contiguous_out_gets_the_elements_and_nothing_between(floats, isolate):
     a, b = floats

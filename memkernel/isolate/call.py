@@ -9,7 +9,9 @@ instead) and the worker calls the kernel on views of them, every output
 passed as ``out=``. When it returns, each array the kernel may write
 (:attr:`~memkernel.spec.contract.BufferContract.needs_writeable`) and each
 allocated output is copied back into the caller's array, elementwise, so a
-view's elements are written and the elements between them are not. A
+view's elements are written and the elements between them are not; also when
+the worker raised (a failed check of ``checked=True`` stopped the kernel after
+its writes). A Ctrl-C during the copies is raised once they are done. A
 returned memref that lies in the segment (it aliases an argument) becomes a
 view of the caller's memory there; any other comes back as an array.
 """
@@ -27,6 +29,7 @@ import numpy as np
 
 from ..call.allocation import allocator_for
 from ..call.binders import Binder, ScalarBinder, binder_for, describe_value
+from ..call.interrupts import HeldInterrupts
 from ..call.plan import ArgumentCheck
 from ..call.results import ExposedMemory
 from ..call import scalars
@@ -72,13 +75,19 @@ class IsolatedRun:
             waited = time.monotonic() - started
             worker = self._worker()
             values: list[Value] = [self._value(b, c) for b, c in zip(self._binders, checked)]
-            views = self._copy_in(worker.segment_for(layout.size), layout, arrays, checked, fresh, values)
-            reply = self._request(worker, values, args, checked, waited)
-            # Whatever the worker replied, the kernel's writes reach the caller's arrays, as in process: a
-            # failed check (checked=True) stopped the kernel after the writes before it.
-            for i, view in views.items():
-                if self._written[i] or fresh[i]:
-                    np.copyto(checked[i], view, casting="no")
+            segment = worker.segment_for(layout.size)
+            # A Ctrl-C during the copies waits for their end: the caller's arrays get all of the kernel's writes
+            # or none. While the worker runs the call, it ends the call (the worker is killed).
+            with HeldInterrupts() as interrupts:
+                views = self._copy_in(segment, layout, arrays, checked, fresh, values)
+                interrupts.let_through()
+                reply = self._request(worker, values, args, checked, waited)
+                interrupts.holding = True
+                # Whatever the worker replied, the kernel's writes reach the caller's arrays, as in process: a
+                # failed check (checked=True) stopped the kernel after the writes before it.
+                for i, view in views.items():
+                    if self._written[i] or fresh[i]:
+                        np.copyto(checked[i], view, casting="no")
         returned = tuple(outputs) + self._results(self._reply(reply), layout)
         if not returned:
             return None
