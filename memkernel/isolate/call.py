@@ -19,6 +19,7 @@ view of the caller's memory there; any other comes back as an array.
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import time
 import weakref
@@ -33,13 +34,22 @@ from ..call.interrupts import HeldInterrupts
 from ..call.plan import ArgumentCheck
 from ..call.results import ExposedMemory
 from ..call import scalars
-from ..errors import KernelCrashed, KernelTimeout, ShapeError
+from ..errors import AllocationError, KernelCrashed, KernelTimeout, ShapeError
 from ..kernel import Kernel
 from ..spec.contract import BufferContract
 from . import process
 from .definition import Definition, Results, Value
 from .shared import Layout, Placed, Segment, page_aligned, reach
 
+
+_SEGMENT_HINT = "Call with smaller arrays, or without isolate=True."
+_SEGMENT_HINTS = {
+    errno.EFBIG: "The file-size limit (ulimit -f) holds for shared memory too: raise it, or call with smaller arrays.",
+    errno.EMFILE: "The process has no file descriptor left (ulimit -n): close some, or raise the limit.",
+    errno.ENFILE: "The system has no file descriptor left: close some files.",
+    errno.ENOMEM: "Not enough memory: call with smaller arrays, or without isolate=True.",
+}
+"""What to do when the segment cannot be had, by the errno of the reason."""
 
 _tokens = itertools.count()
 """Names each IsolatedRun to the worker (never reused, unlike an id())."""
@@ -75,7 +85,7 @@ class IsolatedRun:
             waited = time.monotonic() - started
             worker = self._worker()
             values: list[Value] = [self._value(b, c) for b, c in zip(self._binders, checked)]
-            segment = worker.segment_for(layout.size)
+            segment = self._segment(worker, layout.size, args, checked)
             # A Ctrl-C during the copies waits for their end: the caller's arrays get all of the kernel's writes
             # or none. While the worker runs the call, it ends the call (the worker is killed).
             with HeldInterrupts() as interrupts:
@@ -99,6 +109,19 @@ class IsolatedRun:
         _, checked, outputs = self._check(args, given)
         fresh = [False] * self._spec.n_inputs + [g is None for g in given]
         return checked, outputs, fresh
+
+    def _segment(self, worker: process.Worker, size: int, args: tuple[Any, ...], checked: list[Any]) -> Segment:
+        """The worker's segment, grown to ``size`` bytes if needed; AllocationError if it cannot be."""
+        try:
+            return worker.segment_for(size)
+        except process.SegmentUnavailable as unavailable:
+            error = unavailable.error
+            hint = _SEGMENT_HINTS.get(getattr(error, "errno", None), _SEGMENT_HINT)
+            raise AllocationError(
+                f"{self._kernel}({self._summary(args, checked)}): an isolated call passes its arrays through shared "
+                f"memory, and {unavailable.size / 2**20:.4g} MiB ({unavailable.size} bytes) of it could not be "
+                f"{unavailable.where}: {error}. {hint}"
+            ) from None
 
     @staticmethod
     def _copy_in(segment: Segment, layout: Layout, arrays: list[int], checked: list[Any], fresh: list[bool],

@@ -14,6 +14,7 @@ unbuffered).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import fcntl
 import os
 import signal
@@ -50,6 +51,17 @@ class WorkerDied(Exception):
 
 class WorkerTimedOut(Exception):
     """A request took longer than its timeout; the worker was killed."""
+
+
+class SegmentUnavailable(Exception):
+    """No shared-memory segment of ``size`` bytes could be had: ``error`` says why, ``where`` what failed
+    (``"made in this process"``, ``"mapped in the worker"``)."""
+
+    def __init__(self, size: int, error: OSError, where: str) -> None:
+        super().__init__(f"{size} bytes {where}: {error}")
+        self.size = size
+        self.error = error
+        self.where = where
 
 
 def _appending_file() -> IO[bytes]:
@@ -105,14 +117,31 @@ class Worker:
         return self.owner == os.getpid() and self.process.poll() is None
 
     def segment_for(self, size: int) -> Segment:
-        """A segment of at least ``size`` bytes that the worker has mapped: the current one, or a bigger one."""
+        """A segment of at least ``size`` bytes that the worker has mapped: the current one, or a bigger one.
+
+        SegmentUnavailable if none can be made or the worker cannot map it; the current one is then kept.
+        """
         if self.segment is None or self.segment.size < size:
-            grown = Segment(max(size, 2 * self.segment.size if self.segment else 0))
-            self.request(("segment", grown.size), fds=(grown.fd,))
+            grown = self._new_segment(size)
+            status, error = self.request(("segment", grown.size), fds=(grown.fd,))
+            if status != "ok":
+                grown.close()
+                raise SegmentUnavailable(grown.size, error, "mapped in the worker") from None
             if self.segment is not None:
                 self.segment.close()
             self.segment = grown
         return self.segment
+
+    def _new_segment(self, size: int) -> Segment:
+        """Twice the current segment, so that calls of growing sizes make few; ``size`` bytes if that fails."""
+        doubled = max(size, 2 * self.segment.size if self.segment else 0)
+        if doubled > size:
+            with contextlib.suppress(OSError):
+                return Segment(doubled)
+        try:
+            return Segment(size)
+        except OSError as exc:
+            raise SegmentUnavailable(size, exc, "made in this process") from None
 
     def request(self, message: Any, fds: tuple[int, ...] = (), timeout: float | None = None) -> Any:
         """Send ``message``, wait for the reply and echo what the worker printed meanwhile.
