@@ -23,11 +23,12 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from typing import IO, Any
 
 import memkernel
 
-from . import channel
+from . import channel, release
 from ..compile.worker import SAFE_PATH
 from ..forking import close_descriptor
 from .shared import Segment
@@ -102,6 +103,8 @@ class Worker:
         self._socket = ours
         self.defined: set[str] = set()
         self.segment: Segment | None = None
+        self._needed_more = float("-inf")
+        """When a call last needed more of the segment than release.KEEP_MAPPED (``time.monotonic()``)."""
         self.request(("hello",))
 
     def take_dropped(self) -> tuple[str, ...]:
@@ -131,6 +134,34 @@ class Worker:
                 self.segment.close()
             self.segment = grown
         return self.segment
+
+    def used(self, size: int) -> None:
+        """After a call that needed ``size`` bytes of the segment: past KEEP_MAPPED, shrink it once none
+        needed as much for RELEASE_AFTER seconds (see :mod:`memkernel.isolate.release`)."""
+        if size > release.KEEP_MAPPED:
+            self._needed_more = time.monotonic()
+            release.later(self._shrink_when_idle)
+
+    def _shrink_when_idle(self) -> None:
+        """Replace a segment larger than KEEP_MAPPED by one of KEEP_MAPPED bytes, unless a call needed more
+        in the last RELEASE_AFTER seconds; on the release timer's thread."""
+        with lock():
+            if (not self.alive() or self.segment is None or self.segment.size <= release.KEEP_MAPPED
+                    or time.monotonic() - self._needed_more < release.RELEASE_AFTER):
+                return
+            try:
+                smaller = Segment(release.KEEP_MAPPED)
+            except OSError:
+                return
+            try:
+                status, _ = self.request(("segment", smaller.size), fds=(smaller.fd,))
+            except WorkerDied:  # it died while idle: the next call starts another
+                status = "died"
+            if status != "ok":
+                smaller.close()
+                return
+            self.segment.close()
+            self.segment = smaller
 
     def _new_segment(self, size: int) -> Segment:
         """Twice the current segment, so that calls of growing sizes make few; ``size`` bytes if that fails."""
