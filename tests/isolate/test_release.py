@@ -57,11 +57,14 @@ def wait_for(condition, seconds: float = 10) -> bool:
     return True
 
 
-def test_an_idle_process_keeps_at_most_keep_mapped_of_a_large_calls_shared_memory(add):
+def test_an_idle_process_keeps_at_most_keep_mapped_of_a_large_calls_shared_memory(add, monkeypatch):
+    monkeypatch.setattr(release, "RELEASE_AFTER", 30.0)  # long enough to see the memory in use, however slow
     large_call(add)
     worker = isolate_process.worker()
     pids = (os.getpid(), worker.process.pid)
     assert all(segment_resident(pid) > KEEP for pid in pids)
+    monkeypatch.setattr(release, "RELEASE_AFTER", 0.3)
+    large_call(add)
     assert wait_for(lambda: all(segment_resident(pid) <= KEEP for pid in pids))
     assert worker.segment.size <= KEEP
     large_call(add)  # and the next large call gets a large segment again
