@@ -42,7 +42,7 @@ def lock() -> threading.Lock:
 
 def _release_in_child() -> None:
     for each in list(_locks):
-        each._at_fork_reinit()
+        each._at_fork_reinit()  # what threading and logging do to their own locks in a child (CPython 3.9+)
 
 
 os.register_at_fork(after_in_child=_release_in_child)

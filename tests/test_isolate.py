@@ -19,6 +19,7 @@ from memkernel import (ArgumentError, CompileError, KernelAssertionError, Kernel
                        ShapeError, SignatureError, mlir_kernel)
 
 from .kernels import elementwise
+from .test_checked import FILL
 
 POKE = """
 func.func @poke(%address: i64, %value: f32) {
@@ -270,20 +271,9 @@ def test_ctrl_c_ends_a_hanging_isolated_call_and_the_next_call_works(floats):
 # -- what the kernel writes -----------------------------------------------------------
 
 
-FILL_ONES = """func.func @fill(%y: memref<?xf32>, %n: index) {
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
-  %one = arith.constant 1.0 : f32
-  scf.for %i = %c0 to %n step %c1 {
-    memref.store %one, %y[%i] : memref<?xf32>
-  }
-  return
-}"""
-
-
 @pytest.mark.parametrize("isolate", [True, False])
 def test_the_writes_before_a_failed_check_reach_the_callers_array(isolate):
-    fill = mlir_kernel(FILL_ONES, checked=True, isolate=isolate)(lambda y, n: None)
+    fill = mlir_kernel(FILL, checked=True, isolate=isolate)(lambda y, n: None)
     whole = np.zeros(8, np.float32)
     with pytest.raises(KernelAssertionError, match="out-of-bounds"):
         fill(whole[::2], 6)  # a copy in process; stores 0 to 3, then stops at the check of the store to 4

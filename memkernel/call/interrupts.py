@@ -42,8 +42,11 @@ class HeldInterrupts:
         if threading.current_thread() is threading.main_thread():
             previous = _signal.getsignal(signal.SIGINT)
             if callable(previous):
+                try:
+                    _signal.signal(signal.SIGINT, self._handle)
+                except ValueError:  # not the main interpreter, whose main thread alone runs handlers
+                    return self
                 self._previous = previous
-                _signal.signal(signal.SIGINT, self._handle)
         return self
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:

@@ -98,7 +98,7 @@ class IsolatedRun:
                 for i, view in views.items():
                     if self._written[i] or fresh[i]:
                         np.copyto(checked[i], view, casting="no")
-            worker.used(layout.size)
+                worker.needed(layout.size)  # until now: back-to-back long calls keep the segment
         returned = tuple(outputs) + self._results(self._reply(reply), layout)
         if not returned:
             return None

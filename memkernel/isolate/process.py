@@ -124,6 +124,7 @@ class Worker:
 
         SegmentUnavailable if none can be made or the worker cannot map it; the current one is then kept.
         """
+        self.needed(size)
         if self.segment is None or self.segment.size < size:
             grown = self._new_segment(size)
             status, error = self.request(("segment", grown.size), fds=(grown.fd,))
@@ -135,9 +136,9 @@ class Worker:
             self.segment = grown
         return self.segment
 
-    def used(self, size: int) -> None:
-        """After a call that needed ``size`` bytes of the segment: past KEEP_MAPPED, shrink it once none
-        needed as much for RELEASE_AFTER seconds (see :mod:`memkernel.isolate.release`)."""
+    def needed(self, size: int) -> None:
+        """A call needs ``size`` bytes of the segment, at its start and at its end: past KEEP_MAPPED, the segment
+        is shrunk once none needed as much for RELEASE_AFTER seconds (see :mod:`memkernel.isolate.release`)."""
         if size > release.KEEP_MAPPED:
             self._needed_more = time.monotonic()
             release.later(self._shrink_when_idle)
