@@ -31,7 +31,7 @@ class HeldInterrupts:
     passes on a signal noted so far.
     """
 
-    __slots__ = ("holding", "_previous", "_noted")
+    __slots__ = ("_noted", "_previous", "holding")
 
     def __init__(self, *, holding: bool = True) -> None:
         self.holding = holding

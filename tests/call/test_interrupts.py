@@ -12,30 +12,27 @@ from memkernel.call.interrupts import HeldInterrupts
 
 def test_a_ctrl_c_while_holding_is_raised_when_the_block_ends():
     done = []
-    with pytest.raises(KeyboardInterrupt):
-        with HeldInterrupts():
-            signal.raise_signal(signal.SIGINT)
-            done.append("after the signal")
+    with pytest.raises(KeyboardInterrupt), HeldInterrupts():
+        signal.raise_signal(signal.SIGINT)
+        done.append("after the signal")
     assert done == ["after the signal"]
 
 
 def test_a_ctrl_c_while_not_holding_is_raised_at_once():
     done = []
-    with pytest.raises(KeyboardInterrupt):
-        with HeldInterrupts(holding=False):
-            signal.raise_signal(signal.SIGINT)
-            done.append("after the signal")
+    with pytest.raises(KeyboardInterrupt), HeldInterrupts(holding=False):
+        signal.raise_signal(signal.SIGINT)
+        done.append("after the signal")
     assert done == []
 
 
 def test_let_through_raises_the_ctrl_c_held_so_far():
     done = []
-    with pytest.raises(KeyboardInterrupt):
-        with HeldInterrupts() as interrupts:
-            signal.raise_signal(signal.SIGINT)
-            done.append("held")
-            interrupts.let_through()
-            done.append("after let_through")
+    with pytest.raises(KeyboardInterrupt), HeldInterrupts() as interrupts:
+        signal.raise_signal(signal.SIGINT)
+        done.append("held")
+        interrupts.let_through()
+        done.append("after let_through")
     assert done == ["held"]
 
 
@@ -82,10 +79,9 @@ def test_a_block_in_another_thread_installs_nothing():
 
 def test_a_nested_block_passes_its_ctrl_c_to_the_outer_one_which_holds_it_to_its_end():
     done = []
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt), HeldInterrupts():
         with HeldInterrupts():
-            with HeldInterrupts():
-                signal.raise_signal(signal.SIGINT)
-            done.append("after the inner block")
+            signal.raise_signal(signal.SIGINT)
+        done.append("after the inner block")
     assert done == ["after the inner block"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
