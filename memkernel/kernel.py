@@ -19,11 +19,11 @@ import functools
 import hashlib
 import inspect
 import os
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from . import forking
 from . import isolate as isolation
 from . import pickling
 from .call.allocation import allocator_for
@@ -77,7 +77,7 @@ class Kernel:
         self.spec: KernelSpec = bind(kernel_ir, function)
         self.__signature__ = self.spec.python_signature
         self._invoker: Invoker | None = None
-        self._lock = threading.Lock()
+        self._lock = forking.lock()  # held while the compile worker compiles: a forked child must not wait for it
         isolation.check_options(self.spec.name, options.isolate, options.timeout, options.callbacks)
 
     def _read(self, requested: str | None) -> tuple[KernelIR, dict[str, BoundCallback]]:

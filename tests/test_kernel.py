@@ -5,14 +5,17 @@ from __future__ import annotations
 import inspect
 import re
 import threading
+import time
 
 import numpy as np
 import pytest
 
 import memkernel.compile.build
+import memkernel.compile.worker as compile_worker
 import memkernel.kernel
 from memkernel import ArgumentError, Kernel, SignatureError, mlir_kernel
 
+from .forks import exit_code_of_child
 from .kernels import elementwise
 
 MATMUL = """
@@ -145,6 +148,26 @@ def test_compile_runs_once_for_concurrent_first_calls(monkeypatch):
     assert len(calls) == 1
     for r in results:
         np.testing.assert_array_equal(r, x + x)
+
+
+def test_a_forked_child_compiles_a_kernel_another_thread_was_compiling_at_the_fork():
+    kernel = mlir_kernel(elementwise("arith.addf", "memref<?xf32>", "f32", 1), name="k", cache=False)(
+        lambda a, b: None)
+    busy = threading.Thread(target=compile_worker.run, args=((), "sleeping", time.sleep, 3))
+    busy.start()
+    while not compile_worker.worker(())._lock.locked():
+        time.sleep(0.01)
+    compiling = threading.Thread(target=kernel.compile)  # waits for the worker, holding the kernel's lock
+    compiling.start()
+    while not kernel._lock.locked():
+        time.sleep(0.01)
+    x = np.arange(100, dtype=np.float32)
+    try:
+        assert exit_code_of_child(lambda: np.array_equal(kernel(x, x), x + x), timeout=60) == 0
+    finally:
+        busy.join()
+        compiling.join()
+    np.testing.assert_array_equal(kernel(x, x), x + x)
 
 
 def test_compile_forces_compilation_and_returns_the_kernel(monkeypatch):

@@ -22,6 +22,7 @@ import numpy as np
 from .allocation import OutputAllocator, allocation_error
 from .binders import Binder, CallState, ScalarBinder
 from .descriptors import align
+from .interrupts import HeldInterrupts
 from .results import ResultReader
 from ..load.guard import FRAME_SIZE, MESSAGE_OFFSET, as_written, location_line
 from ..errors import ArgumentError, CallDepthError, KernelAssertionError
@@ -191,6 +192,31 @@ class CallPlan:
             frame = self._frames.pop()
         except IndexError:
             frame = _Frame(self)
+        if state.copy_back:
+            with HeldInterrupts(holding=False) as interrupts:
+                failed, results = self._invoke(frame, packed, state, interrupts)
+        else:
+            failed, results = self._invoke(frame, packed, state, None)
+        if failed is not None:
+            line = location_line(failed, self._source)
+            raise KernelAssertionError(
+                f"{self._kernel}(): the kernel stopped at a failed assertion:\n{failed}"
+                + (f"\n    {line}" if line else ""),
+                assertion=as_written(failed),
+            )
+        return outputs, results
+
+    def _invoke(self, frame: _Frame, packed: list[Any], state: CallState, interrupts: HeldInterrupts | None
+                ) -> tuple[str | None, tuple[Any, ...]]:
+        """Run the kernel on ``packed`` in ``frame``: the message of a failed assertion, if one stopped it, and
+        the results (none then).
+
+        Whatever happens, what the kernel wrote into copies then reaches the
+        caller's arrays, all of it: a failed assertion stopped the kernel after
+        its writes, and a KeyboardInterrupt either arrives before the kernel
+        starts (the copies still hold the arrays' values) or is held by
+        ``interrupts`` from the copy-back's start to its end.
+        """
         failed: str | None = None
         try:
             self._values.pack_into(frame.buffer, self._values_offset, *packed)
@@ -203,20 +229,12 @@ class CallPlan:
                 ) from None
             results = (self._reader.read(frame.buffer, self._results_offset, state.buffers)
                        if self._reader.results and failed is None else ())
+            return failed, results
         finally:
+            if interrupts is not None:
+                interrupts.holding = True  # first: no handler runs during an attribute store
             self._frames.append(frame)
-            # Whatever happens, what the kernel wrote into copies reaches the caller's arrays: a
-            # KeyboardInterrupt can only arrive before the kernel starts (the copies still hold the
-            # arrays' values) or after it returned, and a failed assertion stopped it after its writes.
             state.finish()
-        if failed is not None:
-            line = location_line(failed, self._source)
-            raise KernelAssertionError(
-                f"{self._kernel}(): the kernel stopped at a failed assertion:\n{failed}"
-                + (f"\n    {line}" if line else ""),
-                assertion=as_written(failed),
-            )
-        return outputs, results
 
     def _run(self, frame: _Frame) -> str | None:
         """Run the kernel on the frame's arguments; the message of a failed assertion, if one stopped it."""

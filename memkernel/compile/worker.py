@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any, TypeVar
 
 from ..errors import CompileError
+from ..forking import close_descriptor
 from ..subprocesses import appending_file, last, last_lines, worker_command
 
 T = TypeVar("T")
@@ -133,6 +134,12 @@ class _Process:
         for file in (self.requests, self.replies, self.stderr):
             with contextlib.suppress(OSError):
                 file.close()
+
+    def forget(self) -> None:
+        """In a forked child: close the descriptors, never the buffered files, whose locks a thread of the
+        parent may have held at the fork (one waits in :meth:`exchange` while it compiles)."""
+        for file in (self.requests, self.replies, self.stderr):
+            close_descriptor(file)
 
 
 class CompileWorker:
@@ -319,7 +326,7 @@ def _forget_in_child() -> None:
     for each in _workers.values():
         process = each._process
         if process is not None:
-            process.close()
+            process.forget()
     _workers = {}
     _workers_lock = threading.Lock()
 

@@ -9,7 +9,9 @@ call in a worker process:
 - Arrays cross through shared memory (a ``memfd`` both processes map): each
   is copied in once, and what the kernel may write is copied back into the
   caller's arrays, views and strided ``out=`` included (see
-  :mod:`memkernel.isolate.run`); returned memrefs come back as arrays.
+  :mod:`memkernel.isolate.run`); returned memrefs come back as arrays. A
+  large segment is shrunk once calls stop needing it (see
+  :mod:`memkernel.isolate.release`).
 - A crash of the kernel (SIGSEGV, SIGBUS, SIGABRT, SIGILL, SIGFPE, or the
   worker exiting) raises :class:`~memkernel.errors.KernelCrashed` with the
   signal, the call and the worker's last lines on stderr; ``timeout=``

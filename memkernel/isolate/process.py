@@ -14,16 +14,19 @@ unbuffered).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 from typing import Any
 
 
-from . import channel
+from . import channel, release
+from ..forking import close_descriptor
 from ..subprocesses import appending_file, last_lines, worker_command
 from .shared import Segment
 
@@ -46,6 +49,17 @@ class WorkerDied(Exception):
 
 class WorkerTimedOut(Exception):
     """A request took longer than its timeout; the worker was killed."""
+
+
+class SegmentUnavailable(Exception):
+    """No shared-memory segment of ``size`` bytes could be had: ``error`` says why, ``where`` what failed
+    (``"made in this process"``, ``"mapped in the worker"``)."""
+
+    def __init__(self, size: int, error: OSError, where: str) -> None:
+        super().__init__(f"{size} bytes {where}: {error}")
+        self.size = size
+        self.error = error
+        self.where = where
 
 
 _PROGRAM = """from memkernel.isolate.server import serve
@@ -71,6 +85,8 @@ class Worker:
         self._socket = ours
         self.defined: set[str] = set()
         self.segment: Segment | None = None
+        self._needed_more = float("-inf")
+        """When a call last needed more of the segment than release.KEEP_MAPPED (``time.monotonic()``)."""
         self.request(("hello",))
 
     def take_dropped(self) -> tuple[str, ...]:
@@ -86,14 +102,60 @@ class Worker:
         return self.owner == os.getpid() and self.process.poll() is None
 
     def segment_for(self, size: int) -> Segment:
-        """A segment of at least ``size`` bytes that the worker has mapped: the current one, or a bigger one."""
+        """A segment of at least ``size`` bytes that the worker has mapped: the current one, or a bigger one.
+
+        SegmentUnavailable if none can be made or the worker cannot map it; the current one is then kept.
+        """
+        self.needed(size)
         if self.segment is None or self.segment.size < size:
-            grown = Segment(max(size, 2 * self.segment.size if self.segment else 0))
-            self.request(("segment", grown.size), fds=(grown.fd,))
+            grown = self._new_segment(size)
+            status, error = self.request(("segment", grown.size), fds=(grown.fd,))
+            if status != "ok":
+                grown.close()
+                raise SegmentUnavailable(grown.size, error, "mapped in the worker") from None
             if self.segment is not None:
                 self.segment.close()
             self.segment = grown
         return self.segment
+
+    def needed(self, size: int) -> None:
+        """A call needs ``size`` bytes of the segment, at its start and at its end: past KEEP_MAPPED, the segment
+        is shrunk once none needed as much for RELEASE_AFTER seconds (see :mod:`memkernel.isolate.release`)."""
+        if size > release.KEEP_MAPPED:
+            self._needed_more = time.monotonic()
+            release.later(self._shrink_when_idle)
+
+    def _shrink_when_idle(self) -> None:
+        """Replace a segment larger than KEEP_MAPPED by one of KEEP_MAPPED bytes, unless a call needed more
+        in the last RELEASE_AFTER seconds; on the release timer's thread."""
+        with lock():
+            if (not self.alive() or self.segment is None or self.segment.size <= release.KEEP_MAPPED
+                    or time.monotonic() - self._needed_more < release.RELEASE_AFTER):
+                return
+            try:
+                smaller = Segment(release.KEEP_MAPPED)
+            except OSError:
+                return
+            try:
+                status, _ = self.request(("segment", smaller.size), fds=(smaller.fd,))
+            except WorkerDied:  # it died while idle: the next call starts another
+                status = "died"
+            if status != "ok":
+                smaller.close()
+                return
+            self.segment.close()
+            self.segment = smaller
+
+    def _new_segment(self, size: int) -> Segment:
+        """Twice the current segment, so that calls of growing sizes make few; ``size`` bytes if that fails."""
+        doubled = max(size, 2 * self.segment.size if self.segment else 0)
+        if doubled > size:
+            with contextlib.suppress(OSError):
+                return Segment(doubled)
+        try:
+            return Segment(size)
+        except OSError as exc:
+            raise SegmentUnavailable(size, exc, "made in this process") from None
 
     def request(self, message: Any, fds: tuple[int, ...] = (), timeout: float | None = None) -> Any:
         """Send ``message``, wait for the reply and echo what the worker printed meanwhile.
@@ -155,6 +217,19 @@ class Worker:
         for file in self._outputs:
             file.close()
 
+    def forget(self) -> None:
+        """In a forked child: close the child's copies of the channel, the output files and the segment.
+
+        Kept, they would hold the parent's worker to a channel the parent
+        closed and the segment's memory mapped in the child. The buffered
+        files close through their raw files (see :mod:`memkernel.forking`).
+        """
+        self._socket.close()
+        for file in self._outputs:
+            close_descriptor(file)
+        if self.segment is not None:
+            self.segment.close()
+
     def _read(self, index: int, start: int, end: int) -> bytes:
         return os.pread(self._outputs[index].fileno(), end - start, start)
 
@@ -201,6 +276,8 @@ def lock() -> threading.Lock:
 def _forget_in_child() -> None:
     """A forked child starts its own worker; the parent's belongs to the parent."""
     global _lock, _worker
+    if _worker is not None:
+        _worker.forget()
     _lock = threading.Lock()
     _worker = None
 

@@ -10,7 +10,9 @@ the kernel on views of them, every output passed as ``out=``. When it
 returns, each array the kernel may write
 (:attr:`~memkernel.model.contract.BufferContract.needs_writeable`) and each
 allocated output is copied back into the caller's array, elementwise, so a
-view's elements are written and the elements between them are not. A
+view's elements are written and the elements between them are not; also when
+the worker raised (a failed check of ``checked=True`` stopped the kernel after
+its writes). A Ctrl-C during the copies is raised once they are done. A
 returned memref that lies in the segment (it aliases an argument) becomes a
 view of the caller's memory there; any other comes back as an array.
 """
@@ -18,6 +20,7 @@ view of the caller's memory there; any other comes back as an array.
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import time
 import weakref
@@ -28,10 +31,11 @@ import numpy as np
 
 from ..call.allocation import allocator_for
 from ..call.binders import Binder, ScalarBinder, binder_for, describe_value
+from ..call.interrupts import HeldInterrupts
 from ..call.plan import ArgumentCheck
 from ..call.results import ExposedMemory
 from ..call import scalars
-from ..errors import KernelCrashed, KernelTimeout, ShapeError
+from ..errors import AllocationError, KernelCrashed, KernelTimeout, ShapeError
 from ..model.kernel_spec import KernelSpec
 from ..options import KernelOptions
 from ..model.contract import BufferContract
@@ -39,6 +43,15 @@ from . import process
 from .definition import Definition, Results, Value
 from .shared import Layout, Placed, Segment, page_aligned, reach
 
+
+_SEGMENT_HINT = "Call with smaller arrays, or without isolate=True."
+_SEGMENT_HINTS = {
+    errno.EFBIG: "The file-size limit (ulimit -f) holds for shared memory too: raise it, or call with smaller arrays.",
+    errno.EMFILE: "The process has no file descriptor left (ulimit -n): close some, or raise the limit.",
+    errno.ENFILE: "The system has no file descriptor left: close some files.",
+    errno.ENOMEM: "Not enough memory: call with smaller arrays, or without isolate=True.",
+}
+"""What to do when the segment cannot be had, by the errno of the reason."""
 
 _tokens = itertools.count()
 """Names each IsolatedRun to the worker (never reused, unlike an id())."""
@@ -73,12 +86,21 @@ class IsolatedRun:
             waited = time.monotonic() - started
             worker = self._worker()
             values: list[Value] = [self._value(b, c) for b, c in zip(self._binders, checked)]
-            views = self._copy_in(worker.segment_for(layout.size), layout, arrays, values)
-            results = self._request(worker, values, args, checked, waited)
-            for i, view in views.items():
-                if self._written[i] or fresh[i]:
-                    np.copyto(checked[i], view, casting="no")
-        returned = tuple(outputs) + self._results(results, layout)
+            segment = self._segment(worker, layout.size, args, checked)
+            # A Ctrl-C during the copies waits for their end: the caller's arrays get all of the kernel's writes
+            # or none. While the worker runs the call, it ends the call (the worker is killed).
+            with HeldInterrupts() as interrupts:
+                views = self._copy_in(segment, layout, arrays, values)
+                interrupts.let_through()
+                reply = self._request(worker, values, args, checked, waited)
+                interrupts.holding = True
+                # Whatever the worker replied, the kernel's writes reach the caller's arrays, as in process: a
+                # failed check (checked=True) stopped the kernel after the writes before it.
+                for i, view in views.items():
+                    if self._written[i] or fresh[i]:
+                        np.copyto(checked[i], view, casting="no")
+                worker.needed(layout.size)  # until now: back-to-back long calls keep the segment
+        returned = tuple(outputs) + self._results(self._reply(reply), layout)
         if not returned:
             return None
         return returned[0] if len(returned) == 1 else returned
@@ -89,6 +111,19 @@ class IsolatedRun:
         _, checked, outputs = self._check(args, given)
         fresh = [False] * self._spec.n_inputs + [g is None for g in given]
         return checked, outputs, fresh
+
+    def _segment(self, worker: process.Worker, size: int, args: tuple[Any, ...], checked: list[Any]) -> Segment:
+        """The worker's segment, grown to ``size`` bytes if needed; AllocationError if it cannot be."""
+        try:
+            return worker.segment_for(size)
+        except process.SegmentUnavailable as unavailable:
+            error = unavailable.error
+            hint = _SEGMENT_HINTS.get(getattr(error, "errno", None), _SEGMENT_HINT)
+            raise AllocationError(
+                f"{self._kernel}({self._summary(args, checked)}): an isolated call passes its arrays through shared "
+                f"memory, and {unavailable.size / 2**20:.4g} MiB ({unavailable.size} bytes) of it could not be "
+                f"{unavailable.where}: {error}. {hint}"
+            ) from None
 
     @staticmethod
     def _copy_in(segment: Segment, layout: Layout, arrays: list[int], values: list[Value]) -> dict[int, np.ndarray]:
@@ -124,7 +159,9 @@ class IsolatedRun:
             lock.release()
 
     def _request(self, worker: process.Worker, values: list[Value], args: tuple[Any, ...],
-                 checked: list[Any], waited: float) -> Results:
+                 checked: list[Any], waited: float) -> tuple[str, Any]:
+        """The worker's reply to the call: ``("ok", Results)`` or ``("error", exception)``; KernelCrashed or
+        KernelTimeout when it died or took too long."""
         # The budget is the call's: the ``waited`` seconds behind other calls are spent; starting a worker,
         # compiling the kernel in it and copying the arrays in are not.
         remaining = None if self._timeout is None else max(self._timeout - waited, 0.001)
@@ -140,7 +177,7 @@ class IsolatedRun:
                 "worker process was killed and starts afresh at the next call. Raise timeout= if the kernel needs "
                 "longer; the arrays it may write were left as they were before the call."
             ) from None
-        return self._reply(reply)
+        return reply  # type: ignore[no-any-return]
 
     def _worker(self) -> process.Worker:
         """The running worker, started now if needed; KernelCrashed if it dies while starting."""

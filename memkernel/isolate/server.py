@@ -17,6 +17,7 @@ Each reply is ``("ok", value)`` or ``("error", exception)``.
 from __future__ import annotations
 
 import ctypes
+import errno
 import mmap
 import os
 import socket
@@ -83,7 +84,7 @@ class _Server:
         if kind == "hello":
             return len(self.kernels)
         if kind == "segment":
-            self._map(message[1], fds[0])
+            self._map(message[1], fds)
             return None
         if kind == "define":
             _, token, definition = message
@@ -96,9 +97,16 @@ class _Server:
             self.kernels.pop(name, None)
         return self._call(self.kernels[token], values, n_outputs)
 
-    def _map(self, size: int, fd: int) -> None:
-        self.segment = mmap.mmap(fd, size)
-        os.close(fd)
+    def _map(self, size: int, fds: list[int]) -> None:
+        """Map the segment sent as ``fds[0]`` in place of the last one; OSError (the last one kept) if it cannot."""
+        if not fds:
+            raise OSError(errno.EMFILE, "the segment's descriptor did not arrive: the worker has none left")
+        try:
+            segment = mmap.mmap(fds[0], size)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        self.segment = segment
         self.base = np.frombuffer(self.segment, np.uint8).ctypes.data
 
     def _call(self, kernel: Kernel, values: list[Value], n_outputs: int) -> Results:

@@ -28,10 +28,6 @@ def _address(array: np.ndarray) -> int:
     return int(array.__array_interface__["data"][0])
 
 
-
-
-
-
 class Placed(NamedTuple):
     """An array as the worker rebuilds it: its first element's offset in the segment, shape, strides, and
     its dtype's scalar type (which pickles by reference, and gives back numpy's own dtype instance: the
@@ -120,10 +116,16 @@ class Segment:
     """A ``memfd`` mapped into this process, to be mapped by the worker too."""
 
     def __init__(self, size: int) -> None:
+        """A segment of at least ``size`` bytes; OSError if it cannot be made (a file-size limit, no descriptor
+        left, no memory), with nothing left open."""
         self.size = max(MIN_SEGMENT, -(-size // PAGE) * PAGE)
         self.fd = os.memfd_create("memkernel-isolate", os.MFD_CLOEXEC)
-        os.ftruncate(self.fd, self.size)
-        self.map = mmap.mmap(self.fd, self.size)
+        try:
+            os.ftruncate(self.fd, self.size)
+            self.map = mmap.mmap(self.fd, self.size)
+        except BaseException:
+            os.close(self.fd)
+            raise
 
     def close(self) -> None:
         """Unmap and close (views of it must be gone); closing twice does nothing."""

@@ -330,3 +330,35 @@ def test_a_worker_started_in_the_callers_checkout_imports_that_memkernel(tmp_pat
                           env={**os.environ, "PYTHONPATH": str(tmp_path)})
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(Path(subprocesses.PACKAGE_ROOT) / "memkernel" / "__init__.py")
+
+
+# Forks while another thread waits on the compile worker (in the buffered read of the reply, holding that
+# file's lock); prints how the fork child ended: 0 once it ran, None if it hung.
+FORK_WHILE_A_THREAD_WAITS = """
+import multiprocessing, threading, time
+import memkernel.compile.worker as compile_worker
+waiting = threading.Thread(target=compile_worker.run, args=((), "sleeping", time.sleep, 4))
+waiting.start()
+while not compile_worker.worker(())._lock.locked():
+    time.sleep(0.01)
+time.sleep(0.3)
+exits = []
+for _ in range(3):
+    child = multiprocessing.get_context("fork").Process(target=print, args=("the child ran",))
+    child.start()
+    child.join(5)
+    if child.is_alive():
+        child.kill()
+        child.join()
+        exits.append(None)
+    else:
+        exits.append(child.exitcode)
+waiting.join()
+print(exits)
+"""
+
+
+def test_a_child_forked_while_another_thread_waits_on_the_compile_worker_runs(tmp_path):
+    done = run_script(FORK_WHILE_A_THREAD_WAITS, tmp_path / "cache")
+    assert done.stdout.splitlines()[-1] == "[0, 0, 0]", done.stderr
+    assert done.stdout.count("the child ran") == 3

@@ -9,16 +9,18 @@ import signal
 import sys
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
 
 import memkernel.isolate
-from memkernel import (ArgumentError, CompileError, KernelCrashed, KernelTimeout, MemkernelError, ShapeError,
-                       SignatureError, mlir_kernel)
+from memkernel import (ArgumentError, CompileError, KernelAssertionError, KernelCrashed, KernelTimeout, MemkernelError,
+                       ShapeError, SignatureError, mlir_kernel)
 
 from ..kernels import elementwise, total
 from ..processes import REPO, run_python
+from ..test_checked import FILL
 
 POKE = """
 func.func @poke(%address: i64, %value: f32) {
@@ -200,6 +202,23 @@ def test_a_forked_child_gets_a_worker_of_its_own(floats):
     np.testing.assert_array_equal(add(b, b), b + b)
 
 
+def test_a_forked_child_does_not_hold_the_parents_worker_open(floats):
+    add_kernel(isolate=True)(*floats)
+    parent_worker = memkernel.isolate.process.worker()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # forking a process with threads: the point here
+        pid = os.fork()
+    if pid == 0:
+        time.sleep(5)
+        os._exit(0)
+    try:
+        parent_worker.close()  # its end of the channel closed: the worker ends by itself, unless a child holds it
+        assert parent_worker.process.returncode == 0
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
 def test_a_worker_that_cannot_start_is_a_kernel_crashed(monkeypatch, floats):
     add = add_kernel(isolate=True)
     memkernel.isolate.process.worker().kill()
@@ -251,6 +270,49 @@ def test_ctrl_c_ends_a_hanging_isolated_call_and_the_next_call_works(floats):
 
 
 # -- what the kernel writes -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("isolate", [True, False])
+def test_the_writes_before_a_failed_check_reach_the_callers_array(isolate):
+    fill = mlir_kernel(FILL, checked=True, isolate=isolate)(lambda y, n: None)
+    whole = np.zeros(8, np.float32)
+    with pytest.raises(KernelAssertionError, match="out-of-bounds"):
+        fill(whole[::2], 6)  # a copy in process; stores 0 to 3, then stops at the check of the store to 4
+    np.testing.assert_array_equal(whole, np.tile(np.array([1, 0], np.float32), 4))
+
+
+FILL_TWO = """func.func @fill_two(%x: memref<?xf32>, %y: memref<?xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %n = memref.dim %x, %c0 : memref<?xf32>
+  %one = arith.constant 1.0 : f32
+  scf.for %i = %c0 to %n step %c1 {
+    memref.store %one, %x[%i] : memref<?xf32>
+    memref.store %one, %y[%i] : memref<?xf32>
+  }
+  return
+}"""
+
+
+@pytest.mark.parametrize("isolate", [True, False])
+def test_a_ctrl_c_during_the_copy_back_is_raised_once_every_array_is_written(monkeypatch, isolate):
+    fill_two = mlir_kernel(FILL_TWO, isolate=isolate)(lambda x, y: None)
+    whole_x, whole_y = np.zeros(8, np.float32), np.zeros(8, np.float32)
+    fill_two(np.zeros(4, np.float32), np.zeros(4, np.float32))  # compiled, and the worker started
+    copyto = np.copyto
+
+    def ctrl_c_after_the_first_copy_back(destination, source, **options):
+        copyto(destination, source, **options)
+        if np.shares_memory(destination, whole_x) or np.shares_memory(destination, whole_y):
+            monkeypatch.setattr(np, "copyto", copyto)
+            signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(np, "copyto", ctrl_c_after_the_first_copy_back)
+    with pytest.raises(KeyboardInterrupt):
+        fill_two(whole_x[::2], whole_y[::2])  # step views: copies in process, copied back either way
+    expected = np.tile(np.array([1, 0], np.float32), 4)
+    np.testing.assert_array_equal(whole_x, expected)
+    np.testing.assert_array_equal(whole_y, expected)
 
 
 @pytest.mark.parametrize("isolate", [True, False])
