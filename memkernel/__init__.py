@@ -1,5 +1,10 @@
 """memkernel: call MLIR memref kernels from Python like numpy functions.
 
+The public API is what ``__all__`` names, with :mod:`memkernel.testing`,
+:mod:`memkernel.dask`, the command line and the pytest plugin; every other
+module is internal. Importing this package loads neither the MLIR bindings nor
+memkernel's compiler: they load when a kernel must be parsed or compiled.
+
 >>> from memkernel import mlir_kernel
 >>> @mlir_kernel(SOURCE)
 ... def matmul(a, b):

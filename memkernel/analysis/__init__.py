@@ -1,2 +1,2 @@
-"""What is read from the MLIR source at decoration: the module, the signature, the element types,
-which arguments the kernel may write, and each argument's contract."""
+"""The compiler's reading of a kernel at decoration (imported only when no cache answers): parsing, the
+signature's types, which arguments the kernel may write, and the rules its ops put on their dims."""

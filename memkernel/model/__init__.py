@@ -1,0 +1,1 @@
+"""The spec as plain data: what decoration reads of a kernel, with no MLIR and no compiler: the runtime reads it at every call, and it round-trips through the disk cache (:mod:`memkernel.model.codec`)."""
