@@ -28,7 +28,7 @@ from .llvm import engine_libraries
 from ..stdio import may_print
 from .pipeline import Pipeline, add_llvm_c_interface, lower
 from ..analysis.source import MLIR_LOCK, ParsedSource, parse_source
-from .worker import stderr_written
+from .stderr import stderr_written
 from ..fastpath.emitter import FastPath, attach, lowered_function, lowered_function_type
 from ..analysis.types import read_signature
 from ..model.signature import Signature

@@ -4,7 +4,7 @@ The LLVM build memkernel runs on has assertions on, and a pass bug or a
 construct LLVM does not support aborts the process that compiles (SIGABRT,
 or an "LLVM ERROR" and exit). So lowering, LLVM code generation and
 :meth:`~memkernel.Kernel.ir` run in a compile worker: a fresh Python
-(``python -c 'from memkernel.compile.worker import main; main()'``) that
+running :func:`memkernel.compile.server.main`) that
 imports the MLIR bindings once and serves requests, one at a time, over a
 pipe. It returns the kernel's relocatable object, which the caller links with
 :class:`~memkernel.load.objects.LoadedObject` (as it links a disk cache
@@ -28,14 +28,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import importlib
 import os
 import pickle
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import IO, Any, TypeVar
 
 from ..errors import CompileError
@@ -48,8 +47,7 @@ TAIL_LINES = 20
 """How many of the last lines a crashed worker wrote on stderr its CompileError carries."""
 
 _TAIL_BYTES = 64 << 10
-_REPLIED_BYTES = 4 << 20
-_PROGRAM = """from memkernel.compile.worker import main
+_PROGRAM = """from memkernel.compile.server import main
 main()"""
 """The worker's program (after the safe bootstrap of :mod:`memkernel.subprocesses`)."""
 
@@ -333,90 +331,3 @@ def _forget_in_child() -> None:
 
 atexit.register(_close_all)
 os.register_at_fork(after_in_child=_forget_in_child)
-
-
-# -- in the worker -----------------------------------------------------------------------
-
-
-def _truncate_stderr() -> None:
-    sys.stderr.flush()
-    with contextlib.suppress(OSError):
-        os.ftruncate(2, 0)
-
-
-_serving = False
-
-
-@contextlib.contextmanager
-def stderr_written() -> Iterator[list[str]]:
-    """Yields a list that holds what the block wrote on descriptor 2 once it ends.
-
-    In the worker, descriptor 2 stays the file the caller reads after a
-    crash, so the text of an abort in the block is not lost with the worker.
-    In another process, this is :func:`memkernel.stdio.capture_c_stderr`.
-    """
-    if not _serving:
-        from ..stdio import capture_c_stderr
-
-        with capture_c_stderr() as captured:
-            yield captured
-        return
-    sys.stderr.flush()
-    start = os.fstat(2).st_size
-    text: list[str] = []
-    try:
-        yield text
-    finally:
-        sys.stderr.flush()
-        end = os.fstat(2).st_size
-        text.append(os.pread(2, end - start, start).decode(errors="replace") if end > start else "")
-
-
-def _reply(replies: IO[bytes], status: str, value: Any) -> None:
-    sys.stderr.flush()
-    stderr = last(2, _REPLIED_BYTES)
-    try:
-        data = pickle.dumps((status, value, stderr), protocol=pickle.HIGHEST_PROTOCOL)
-        pickle.loads(data)  # what the caller will do: an exception class may not rebuild from its args
-    except Exception as exc:  # send its text instead
-        data = pickle.dumps(("raised", RuntimeError(f"{type(value).__name__}: {value} ({exc})"), stderr))
-    replies.write(data)
-    replies.flush()
-
-
-def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
-    """Answer requests ``(function, args)`` until ``requests`` ends."""
-    while True:
-        try:
-            function, args = pickle.load(requests)
-        except EOFError:
-            return
-        _truncate_stderr()
-        try:
-            result = ("ok", function(*args))
-        except Exception as exc:
-            result = ("raised", exc)
-        _reply(replies, *result)
-
-
-def main() -> None:
-    """The worker process: set the LLVM options of ``sys.argv[2:]``, then serve requests on stdin/stdout.
-
-    Replies go to a copy of descriptor 1, which is then pointed at stderr, so
-    that nothing else printed can mix with them.
-    """
-    global _serving
-    _serving = True
-    replies = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)
-    requests = os.fdopen(os.dup(0), "rb")
-    importlib.import_module(".engine", __package__)  # what requests run, and the MLIR bindings
-    from .llvm import parse_llvm_options
-
-    if not parse_llvm_options(sys.argv[2:]):
-        sys.exit(1)
-    try:
-        _reply(replies, "ok", None)
-        serve(requests, replies)
-    except BrokenPipeError:  # the caller is gone
-        pass
