@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from mlir import ir
 
 from ..errors import SignatureError
+from .ir_callbacks import walk
 from ..model.kernel_spec import KernelIR, output_names
 from ..model.shapes import ShapeRules
 from ..model.signature import ScalarSpec
@@ -64,5 +65,5 @@ def _has_assertions(module: ir.Module) -> bool:
             return ir.WalkResult.INTERRUPT
         return ir.WalkResult.ADVANCE
 
-    module.operation.walk(visit)
+    walk(module.operation, visit)
     return bool(found)

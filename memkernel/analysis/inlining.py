@@ -24,6 +24,8 @@ from collections import defaultdict
 
 from mlir import ir, passmanager
 
+from .ir_callbacks import walk
+
 _INLINE = "builtin.module(inline{default-pipeline=''})"
 """Inline without the canonicalization the inliner runs by default, which would change what is analysed."""
 
@@ -86,7 +88,7 @@ def _functions_by_location(module: ir.Operation) -> dict[str, set[str]]:
             found[str(op.location)].add(name)
             return ir.WalkResult.ADVANCE
 
-        function.walk(visit)
+        walk(function, visit)
     return found
 
 
@@ -101,5 +103,5 @@ def structured_names(module: ir.Module | ir.Operation) -> dict[str, str]:
             names.setdefault(str(op.location), op.name)
         return ir.WalkResult.ADVANCE
 
-    module.walk(visit, ir.WalkOrder.PRE_ORDER)
+    walk(module, visit, ir.WalkOrder.PRE_ORDER)
     return names

@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from mlir import ir
 
 from ..errors import SignatureError
+from .ir_callbacks import walk
 from .control_flow import EveryRun
 from ..model.dims import Dim
 from ..model.shapes import AffineBound, Bound, Expr, ShapeRules, Tie
@@ -502,7 +503,7 @@ def _operations(function: ir.Operation) -> list[ir.Operation]:
             found.append(op)
         return ir.WalkResult.ADVANCE
 
-    function.walk(visit)
+    walk(function, visit)
     return found
 
 

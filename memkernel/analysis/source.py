@@ -23,6 +23,7 @@ from mlir import ir
 
 from ..diagnostics import format_diagnostics
 from ..errors import MLIRSyntaxError, OptionError, SignatureError
+from .ir_callbacks import install_attribute_casters
 
 
 @dataclass
@@ -73,6 +74,8 @@ def shared_context() -> ir.Context:
     """The process's MLIR context for kernel modules, single-threaded (see the module's docstring)."""
     context = ir.Context()
     context.enable_multithreading(False)
+    with context:
+        install_attribute_casters()
     return context
 
 

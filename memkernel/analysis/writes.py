@@ -23,6 +23,8 @@ from collections import defaultdict
 
 from mlir import ir
 
+from .ir_callbacks import walk
+
 # Ops that read the memref at the given operand positions and write nothing through it.
 _READS = {
     "memref.load": (0,),
@@ -87,7 +89,7 @@ class _Analysis:
                 self.bodies[ir.StringAttr(op.attributes["sym_name"]).value] = op.regions[0].blocks[0]
             return ir.WalkResult.ADVANCE
 
-        module.walk(visit)
+        walk(module, visit)
 
     def may_write(self, value: ir.Value) -> bool:
         """True when a write may reach ``value``: through one of its uses or a value it flows into."""

@@ -29,6 +29,7 @@ import re
 from mlir import ir
 
 from ..load.guard import GUARD, KEY, LOCATION, MESSAGE_OFFSET
+from ..analysis.ir_callbacks import walk
 
 
 _PUTS_ABORT = re.compile(
@@ -99,7 +100,7 @@ def annotate(module: ir.Module) -> None:
             op.attributes["msg"] = ir.StringAttr.get(located(message, op.location))
         return ir.WalkResult.ADVANCE
 
-    module.operation.walk(visit)
+    walk(module.operation, visit)
 
 
 def contain(module: ir.Module) -> ir.Module | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from mlir import ir
 from mlir.dialects import arith, cf, vector
 
+from ..analysis.ir_callbacks import walk
 from .assertions import located
 
 _UNSIGNED = ("arith.divui", "arith.remui", "arith.ceildivui", "index.divu", "index.remu", "index.ceildivu")
@@ -73,7 +74,7 @@ def add_division_checks(module: ir.Module) -> None:
             divisions.append(op)
         return ir.WalkResult.ADVANCE
 
-    module.operation.walk(visit)
+    walk(module.operation, visit)
     with module.context:
         for op in divisions:
             with ir.InsertionPoint(op), op.location:

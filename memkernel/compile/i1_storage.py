@@ -11,6 +11,8 @@ accesses on the same memref seen as an ``i8`` memref.
 from mlir import ir
 from mlir.dialects import arith, builtin, memref
 
+from ..analysis.ir_callbacks import walk
+
 
 def lower_i1_accesses(module: ir.Module) -> None:
     """Rewrite every ``memref.load``/``memref.store`` of an ``i1`` element into a byte access.
@@ -42,7 +44,7 @@ def lower_i1_accesses(module: ir.Module) -> None:
             return ir.WalkResult.ADVANCE
 
         # Collect first: erasing ops during the walk would invalidate it.
-        module.operation.walk(collect, ir.WalkOrder.PRE_ORDER)
+        walk(module.operation, collect, ir.WalkOrder.PRE_ORDER)
 
         for access in accesses:
             with ir.InsertionPoint(access), access.location:

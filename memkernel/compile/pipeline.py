@@ -33,7 +33,6 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from mlir import ir, passmanager
@@ -46,6 +45,7 @@ from ..errors import CompileError, SignatureError
 from ..options import SCHEDULES, check_pipeline_choice
 from .division_checks import add_division_checks
 from .presets import PRESETS, fingerprint
+from ..analysis.ir_callbacks import walk
 from ..analysis.types import llvm_function_types
 from ..analysis.source import MLIR_LOCK, shared_context
 
@@ -146,14 +146,6 @@ def _types_of(op: ir.Operation) -> list[ir.Type]:
     return [v.type for v in op.operands] + [r.type for r in op.results]
 
 
-def _walk(module: ir.Module, visit: Callable[[ir.Operation], None]) -> None:
-    def callback(op: ir.Operation) -> ir.WalkResult:
-        visit(op)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(callback)
-
-
 def uses_small_float_arithmetic(module: ir.Module) -> bool:
     """Whether an ``arith`` op (a conversion included) computes on an f8, f6 or f4 type (LLVM has none)."""
     found: list[str] = []
@@ -162,7 +154,7 @@ def uses_small_float_arithmetic(module: ir.Module) -> bool:
         if op.name.startswith("arith.") and any(str(_element(t)) in SMALL_FLOAT_NAMES for t in _types_of(op)):
             found.append(op.name)
 
-    _walk(module, visit)
+    walk(module.operation, visit)
     return bool(found)
 
 
@@ -182,7 +174,7 @@ def uses_tensors(module: ir.Module) -> bool:
         if any(_is_tensor(t) for t in types):
             found.append(op.name)
 
-    _walk(module, visit)
+    walk(module.operation, visit)
     return bool(found)
 
 
@@ -206,7 +198,7 @@ def check_before_lowering(module: ir.Module, pipeline: Pipeline) -> None:
         if elements and op.name.startswith("vector."):
             vector_ops.append((op.name, elements[0]))
 
-    _walk(module, visit)
+    walk(module.operation, visit)
     if vector_ops:
         op, element = vector_ops[0]
         raise SignatureError(

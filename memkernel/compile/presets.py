@@ -45,6 +45,7 @@ from mlir.dialects import arith, memref
 from mlir.dialects.transform import interpreter
 
 from ..load import objects as jit
+from ..analysis.ir_callbacks import walk
 from .reassociation import Reassociation
 
 _FLOATS = ("f32", "f64")
@@ -69,7 +70,7 @@ def _ops(module: ir.Module, name: str) -> list[ir.Operation]:
             found.append(op)
         return ir.WalkResult.ADVANCE
 
-    module.operation.walk(visit)
+    walk(module.operation, visit)
     return found
 
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from mlir import ir
 
+from ..analysis.ir_callbacks import walk
+
 _COMBINERS = ("arith.addf", "arith.mulf")
 _REASSOC = "#arith.fastmath<reassoc>"
 
@@ -68,7 +70,7 @@ class Reassociation:
                 reductions.append(op)
             return ir.WalkResult.ADVANCE
 
-        module.operation.walk(visit)
+        walk(module.operation, visit)
         with module.context:
             reassoc = ir.Attribute.parse(_REASSOC)
             for reduction in reductions:

@@ -127,3 +127,28 @@ def test_argument_errors_name_the_tensor_type():
     with pytest.raises(ArgumentError, match=r"argument 'b' expects tensor<\?x\?xf32> \(float32, 2-d\); "
                                             r"got float64\[3, 4\]"):
         matmul(np.ones((5, 3), np.float32), np.ones((3, 4)))
+
+
+COMPLEX_CONSTANT = """
+func.func @shifted(%a: tensor<3x3xcomplex<{t}>>) -> tensor<3x3xcomplex<{t}>> {{
+  %c = arith.constant dense<(1.000000e+01,5.000000e+00)> : tensor<3x3xcomplex<{t}>>
+  %empty = tensor.empty() : tensor<3x3xcomplex<{t}>>
+  %sum = linalg.generic {{indexing_maps = [affine_map<(i, j) -> (i, j)>, affine_map<(i, j) -> (i, j)>,
+                                          affine_map<(i, j) -> (i, j)>],
+                         iterator_types = ["parallel", "parallel"]}}
+      ins(%a, %c : tensor<3x3xcomplex<{t}>>, tensor<3x3xcomplex<{t}>>) outs(%empty : tensor<3x3xcomplex<{t}>>) {{
+  ^bb0(%x: complex<{t}>, %y: complex<{t}>, %out: complex<{t}>):
+    %s = complex.add %x, %y : complex<{t}>
+    linalg.yield %s : complex<{t}>
+  }} -> tensor<3x3xcomplex<{t}>>
+  return %sum : tensor<3x3xcomplex<{t}>>
+}}"""
+
+
+@pytest.mark.parametrize(("element", "dtype"), [("f32", np.complex64), ("f64", np.complex128)])
+def test_a_complex_dense_constant_compiles_and_holds_its_value(element: str, dtype: type) -> None:
+    @mlir_kernel(COMPLEX_CONSTANT.format(t=element), cache=False)
+    def shifted(a): ...
+
+    a = (np.arange(9) + 1j * np.arange(9, 18)).reshape(3, 3).astype(dtype)
+    np.testing.assert_array_equal(shifted(a), a + (10 + 5j))

@@ -80,3 +80,29 @@ def test_memkernel_run_prints_a_scalar_result_as_mlir_runner_does() -> None:
     path = MLIR_FILES / "scalar_results.mlir"
     for entry, result in (("half_of_five", "f32"), ("sum_to_ten", "i32"), ("big", "i64")):
         assert _memkernel_run(path, entry, result) == _upstream(path, _TO_LLVM, entry, result)
+
+
+# What upstream's mlir/test/Integration/Dialect/Memref/print-memref.mlir prints, cut to its complex memrefs.
+PRINTED_COMPLEX = """
+func.func private @printMemrefC32(%ptr : tensor<*xcomplex<f32>>) attributes { llvm.emit_c_interface }
+func.func private @printMemrefC64(%ptr : tensor<*xcomplex<f64>>) attributes { llvm.emit_c_interface }
+func.func @entry() {
+  %c32 = arith.constant dense<(1.000000e+01,5.000000e+00)> : tensor<3x3xcomplex<f32>>
+  %c64 = arith.constant dense<(2.000000e+01,5.000000e+00)> : tensor<3x3xcomplex<f64>>
+  %1 = tensor.cast %c32 : tensor<3x3xcomplex<f32>> to tensor<*xcomplex<f32>>
+  %2 = tensor.cast %c64 : tensor<3x3xcomplex<f64>> to tensor<*xcomplex<f64>>
+  call @printMemrefC32(%1) : (tensor<*xcomplex<f32>>) -> ()
+  call @printMemrefC64(%2) : (tensor<*xcomplex<f64>>) -> ()
+  return
+}
+"""
+
+
+def test_memkernel_run_prints_complex_memrefs_as_mlir_runner_does(tmp_path: Path) -> None:
+    path = tmp_path / "print-complex.mlir"
+    path.write_text(PRINTED_COMPLEX)
+    passes = ["--one-shot-bufferize=bufferize-function-boundaries", "--canonicalize", "--finalize-memref-to-llvm",
+              "--convert-func-to-llvm", "--reconcile-unrealized-casts"]
+    expected = _upstream(path, passes, "entry", "void")
+    assert "(10,5)" in expected and "(20,5)" in expected
+    assert _without_addresses(_memkernel_run(path, "entry", "void")) == _without_addresses(expected)
