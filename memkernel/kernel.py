@@ -29,6 +29,7 @@ from . import pickling
 from .call.allocation import allocator_for
 from .call.binders import binder_for
 from .call.callbacks import BoundCallback, PendingErrors, bind_callbacks
+from .call.interrupts import HeldInterrupts
 from .call.invoker import Invoker, Run, with_output_capture
 from .call.plan import CallPlan
 from .call.results import ResultReader
@@ -402,9 +403,13 @@ def _cached_ir(folder: kernel_cache.Folder, key: CacheKey) -> KernelIR | None:
 @contextlib.contextmanager
 def _needs_compiler(kernel: str | None, doing: str) -> Iterator[None]:
     """Around an import of the compiler (:mod:`memkernel.compile`), which loads the MLIR bindings: only when
-    something must be parsed, analysed or compiled. MissingDependencyError when it cannot be imported."""
+    something must be parsed, analysed or compiled. MissingDependencyError when it cannot be imported.
+
+    A Ctrl-C waits for the import's end: one that lands inside the import of the bindings' native modules
+    leaves them half made, and the process crashes when the exception's traceback is freed."""
     try:
-        yield
+        with HeldInterrupts():
+            yield
     except ImportError as exc:
         if isinstance(exc, MemkernelError):
             raise
