@@ -35,6 +35,7 @@ import itertools
 import keyword
 import math
 import os
+import stat
 import re
 import sys
 import time
@@ -397,7 +398,12 @@ def load_array(name: str, path: str) -> np.ndarray:
     """The array of a ``.npy`` file; CommandLineError if it cannot be read, is no ``.npy`` file or claims
     more data than it holds, or if its array does not fit in memory."""
     try:
-        with open(path, "rb") as file:
+        handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not block the open
+        if not stat.S_ISREG(os.fstat(handle).st_mode):
+            os.close(handle)
+            raise CommandLineError(f"--arg {name}={path}: not a regular file; pass a .npy file that numpy.save "
+                                   "wrote")
+        with os.fdopen(handle, "rb") as file:
             magic = file.read(6)
             file.seek(0)
             loaded = None

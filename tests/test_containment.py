@@ -19,7 +19,7 @@ import pytest
 from memkernel import KernelAssertionError, KernelTimeout, mlir_kernel
 from memkernel.load import cache
 
-from .kernels import WAIT_FOR_FLAG
+from .kernels import WAIT_FOR_FLAG, elementwise
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -159,3 +159,45 @@ def test_the_isolate_worker_outlives_the_thread_that_started_it():
     starter.join()
     caller.join(timeout=120)
     assert outcome == [200_000_000]
+
+
+REPEATED_CTRL_C = """
+import os, random, signal, sys, threading, time
+import numpy as np
+from memkernel import mlir_kernel
+add = mlir_kernel(open(sys.argv[1]).read(), name="add")(lambda a, b: None)
+armed = [False]
+def handler(signum, frame):
+    if armed[0]:
+        armed[0] = False
+        raise KeyboardInterrupt
+signal.signal(signal.SIGINT, handler)
+def ping():
+    while True:
+        time.sleep(random.uniform(0.0005, 0.05))
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+threading.Thread(target=ping, daemon=True).start()
+x = np.arange(8, dtype=np.float32)
+done, started = 0, time.time()
+while time.time() - started < 4:
+    try:
+        armed[0] = True
+        result = add(x, x)
+        armed[0] = False
+        assert np.array_equal(result, x + x)
+        done += 1
+    except KeyboardInterrupt:
+        armed[0] = False
+print("ok")
+"""
+
+
+def test_repeated_ctrl_c_during_a_first_call_never_crashes_the_process(tmp_path):
+    """A KeyboardInterrupt inside the first import of the MLIR bindings' native modules left them half made, and
+    freeing its traceback crashed the process (SIGSEGV in 2 of 3 runs before the fix)."""
+    source = tmp_path / "add.mlir"
+    source.write_text(elementwise("arith.addf", "memref<?xf32>", "f32", 1, name="add"))
+    for run in range(2):
+        done = subprocess.run([sys.executable, "-c", REPEATED_CTRL_C, str(source)], capture_output=True, text=True,
+                              timeout=120, env={**os.environ, "MEMKERNEL_CACHE_DIR": str(tmp_path / f"cache{run}")})
+        assert (done.returncode, done.stdout.strip()) == (0, "ok"), done.stderr[-2000:]

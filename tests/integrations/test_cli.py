@@ -310,6 +310,14 @@ def test_call_refuses_to_overwrite_an_input_file(work):
     np.testing.assert_array_equal(np.load(work / "y.npy"), np.ones(6))
 
 
+def test_an_argument_that_is_a_fifo_is_refused_without_waiting_for_a_writer(work, tmp_path):
+    (tmp_path / "double.mlir").write_text(DOUBLE)
+    os.mkfifo(tmp_path / "in.npy")
+    done = memkernel(work, "call", str(tmp_path / "double.mlir"), "double", "--arg", f"a={tmp_path / 'in.npy'}",
+                     "--out", str(tmp_path / "out"))
+    assert f"--arg a={tmp_path / 'in.npy'}: not a regular file" in _error(done)
+
+
 def test_call_refuses_an_output_file_hard_linked_to_an_input(work, tmp_path):
     (tmp_path / "double.mlir").write_text(DOUBLE)
     np.save(tmp_path / "in.npy", np.arange(4, dtype=np.float32))
