@@ -78,7 +78,14 @@ def descriptor_array(fields: tuple[int, ...], dtype: np.dtype, owner: object) ->
     shape = tuple(fields[3:3 + rank])
     strides = tuple(s * dtype.itemsize for s in fields[3 + rank:])
     data = fields[1] + fields[2] * dtype.itemsize
-    return np.asarray(ExposedMemory(owner, data, shape, strides, dtype.itemsize)).view(dtype)
+    try:
+        exposed = np.asarray(ExposedMemory(owner, data, shape, strides, dtype.itemsize))
+    except ValueError as exc:  # more bytes than an array can span: the kernel's size arithmetic wrapped
+        raise AllocationError(
+            f"the kernel returned a memref of shape {shape} with {dtype.name} elements, more memory than any "
+            f"array can span ({exc}); its sizes overflowed, or it allocated less than that shape needs. Its "
+            "buffer is freed.") from None
+    return exposed.view(dtype)
 
 
 class ResultAdopter:

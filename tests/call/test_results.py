@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import memkernel.call.results
-from memkernel import mlir_kernel
+from memkernel import AllocationError, mlir_kernel
 
 REPO = str(Path(__file__).resolve().parents[2])
 
@@ -289,3 +289,17 @@ def test_a_hundred_thousand_allocating_calls_keep_resident_memory_flat():
                           cwd=REPO, env={**os.environ, "PYTHONPATH": REPO})
     assert done.returncode == 0, done.stderr
     assert float(done.stdout) < 20.0
+
+
+def test_a_returned_memref_larger_than_any_array_is_an_allocation_error():
+    """``memref.alloc(2**62)`` of f32 wraps its byte count to a small size that malloc grants; numpy then
+    refuses the shape (before: a bare ValueError, naming nothing)."""
+    big = mlir_kernel("""
+func.func @big(%n: index) -> memref<?xf32> {
+  %m = memref.alloc(%n) : memref<?xf32>
+  return %m : memref<?xf32>
+}""")(lambda n: None)
+    with pytest.raises(AllocationError, match=r"returned a memref of shape \(4611686018427387904,\) with float32 "
+                                              "elements, more memory than any array can span"):
+        big(2**62)
+    np.testing.assert_array_equal(big(3).shape, (3,))
