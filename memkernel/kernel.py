@@ -154,6 +154,9 @@ class Kernel:
             entry = compiled.owner.symbol(compiled.fast.entry) if compiled.fast.entry else 0
             fast = FastFunction(compiled.fast_address, compiled.consts_address, compiled.fast, reader, entry)
         capture, may_print = options.capture_output, compiled.may_print
+        construction = compiled.construction
+        if construction is not None:  # the module's global constructors, printing as a call would
+            with_output_capture(lambda args, given: construction.run_once(), capture, may_print)((), ())
         pending = self._pending if self._callbacks else None
 
         def wrap(run: Run) -> Run:

@@ -96,6 +96,16 @@ def _flush_python() -> None:
     sys.stderr.flush()
 
 
+def flush_streams() -> None:
+    """Write out what Python's streams, then C's, hold: what native code prints next comes after it.
+
+    A Python stream that is gone or closed (at the interpreter's exit) is skipped.
+    """
+    with contextlib.suppress(AttributeError, ValueError, OSError):
+        _flush_python()
+    _flush_c()
+
+
 def _write_all(fd: int, data: bytes) -> None:
     while data:
         data = data[os.write(fd, data):]

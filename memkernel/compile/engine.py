@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from mlir import ir
 from mlir.execution_engine import ExecutionEngine
 
-from . import assertions, worker
+from . import assertions, initializers, worker
 from ..errors import CompileError
 from ..load import libraries
 from ..load.cache import Entry
@@ -111,12 +111,15 @@ def check_lowered_signature(module: ir.Module, signature: Signature) -> None:
 @dataclass(frozen=True)
 class ObjectCode:
     """What the compile worker makes of a kernel: its relocatable object, whether it holds the fast
-    path, and the functions it calls that it does not define (the process that links it finds them)."""
+    path, the functions it calls that it does not define (the process that links it finds them),
+    whether its failed assertions return to a guard, and whether it has global constructors or
+    destructors (see :mod:`memkernel.compile.initializers`)."""
 
     code: bytes
     fast: bool
     externals: tuple[str, ...]
     guarded: bool = False
+    initializers: bool = False
 
 
 def _placeholder() -> ctypes.c_void_p:
@@ -138,6 +141,7 @@ def object_code(source: str, name: str, pipeline: Pipeline, opt_level: int, shar
         signature = read_signature(parsed.function(name))
         lower_kernel(parsed, name, pipeline, callbacks)
         check_lowered_signature(parsed.module, signature)
+        has_initializers = initializers.gather(parsed.module)
         contained = assertions.contain(parsed.module)
         if contained is not None:
             parsed.module = contained
@@ -164,7 +168,7 @@ def object_code(source: str, name: str, pipeline: Pipeline, opt_level: int, shar
             "may be missing: pass the library that defines it in shared_libs=.", stderr))
     code = _object_code(engine)
     _trial_link(name, code, libs, (*defined_later, *unresolved))
-    return ObjectCode(code, fast is not None, tuple(externals), contained is not None)
+    return ObjectCode(code, fast is not None, tuple(externals), contained is not None, has_initializers)
 
 
 def _trial_link(name: str, code: bytes, libs: Sequence[str], placeholders: Sequence[str]) -> None:
@@ -222,7 +226,8 @@ def compile_function(
     if unresolved:
         raise _unresolved_error(name, unresolved)
     entry = Entry(made.code, (*shared_libs, *added), fast.symbols if fast is not None and made.fast else None,
-                  may_print(made.externals), made.guarded)
+                  may_print(made.externals), made.guarded,
+                  made.initializers)
     try:
         compiled = load_function(entry, name, {f"_mlir_ciface_{c}": a for c, a in callbacks.items()})
     except ObjectLoadError as exc:

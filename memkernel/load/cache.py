@@ -195,15 +195,17 @@ def directory() -> Path | None:
 
 @dataclass(frozen=True)
 class Entry:
-    """A disk cache entry: the object code, the libraries it links against, its fast path's symbols (None
-    when it has none), whether it may print, and whether its assertions return to a guard
-    (see :mod:`memkernel.compile.assertions`)."""
+    """A disk cache entry: the object code, the libraries it links against, its fast path's
+    symbols (None when it has none), whether it may print, whether its assertions return to a guard
+    (see :mod:`memkernel.compile.assertions`), and whether it has global constructors or
+    destructors to run (see :mod:`memkernel.compile.initializers`)."""
 
     code: bytes
     libraries: tuple[str, ...]
     fast: FastSymbols | None
     may_print: bool
     guarded: bool = False
+    initializers: bool = False
 
 
 def _symbols_data(symbols: FastSymbols | None) -> dict[str, Any] | None:
@@ -303,7 +305,8 @@ class Folder:
         """Write ``entry`` atomically; a folder that cannot be written only warns."""
         header = json.dumps({"key": key.fields, "libraries": list(entry.libraries),
                              "fast": _symbols_data(entry.fast), "may_print": entry.may_print,
-                             "guarded": entry.guarded}).encode()
+                             "guarded": entry.guarded,
+                             "initializers": entry.initializers}).encode()
         self.write(key, ".mkc", _HEADER_SIZE.pack(len(header)) + header + entry.code)
 
     def read(self, key: CacheKey, suffix: str) -> memoryview | None:
@@ -353,7 +356,7 @@ def _decode(body: memoryview, key: CacheKey) -> Entry | None:
     code = bytes(body[_HEADER_SIZE.size + header_size:])
     fast = header.get("fast")
     return Entry(code, libraries, None if fast is None else _symbols(fast), bool(header.get("may_print", True)),
-                 bool(header.get("guarded")))
+                 bool(header.get("guarded")), bool(header.get("initializers")))
 
 
 def _secret(path: Path, folder: int, status: os.stat_result) -> bytes | None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from . import guard
 from ..fastpath.symbols import FastSymbols
 from .cache import Entry
+from .initializers import Construction
 from .objects import LoadedObject
 
 
@@ -26,6 +27,8 @@ class CompiledFunction:
     ``may_print`` tells whether it calls functions that may write to the C streams.
     ``guard_address`` is its ``__memkernel_guarded`` (see :mod:`memkernel.load.guard`),
     0 when it has no assertion.
+    ``construction`` runs its global constructors, once, before its first call, and has its
+    destructors run at release (see :mod:`memkernel.load.initializers`); None when it has none.
     """
 
     owner: LoadedObject
@@ -36,6 +39,7 @@ class CompiledFunction:
     entry: Entry | None
     may_print: bool
     guard_address: int = 0
+    construction: Construction | None = None
 
 
 def load_function(entry: Entry, name: str, symbols: Mapping[str, int] | None = None) -> CompiledFunction:
@@ -50,7 +54,8 @@ def load_function(entry: Entry, name: str, symbols: Mapping[str, int] | None = N
     if entry.guarded:
         guard_address = loaded.symbol(guard.GUARD)
         guard.fill_key(loaded.symbol(guard.KEY))
+    construction = Construction(loaded) if entry.initializers else None
     if entry.fast is None:
-        return CompiledFunction(loaded, address, 0, 0, None, entry, entry.may_print, guard_address)
+        return CompiledFunction(loaded, address, 0, 0, None, entry, entry.may_print, guard_address, construction)
     return CompiledFunction(loaded, address, loaded.symbol(entry.fast.function), loaded.symbol(entry.fast.consts),
-                            entry.fast, entry, entry.may_print, guard_address)
+                            entry.fast, entry, entry.may_print, guard_address, construction)

@@ -9,12 +9,14 @@ and its constants table. :func:`host_cpu` names the CPU compiled code is for.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
 import importlib.util
 import os
+import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 
 class StringRef(ctypes.Structure):
@@ -111,7 +113,40 @@ def _check(error: int | None) -> None:
         raise ObjectLoadError(_message(error, "LLVMDisposeErrorMessage"))
 
 
-def _dispose(jit: ctypes.c_void_p) -> None:
+class _Teardown:
+    """What to call before an object's code goes: each function once, the last registered first, at the
+    object's release or at the interpreter's exit, whichever comes first."""
+
+    def __init__(self) -> None:
+        self._functions: list[Callable[[], object]] = []
+        self._lock = threading.Lock()
+
+    def add(self, function: Callable[[], object]) -> None:
+        with self._lock:
+            self._functions.append(function)
+            _pending[id(self)] = self
+
+    def run(self) -> None:
+        with self._lock:
+            functions, self._functions = self._functions, []
+            _pending.pop(id(self), None)
+        for function in reversed(functions):
+            function()
+
+
+_pending: dict[int, _Teardown] = {}
+"""The teardowns not run yet, in the order their first function came."""
+
+
+@atexit.register
+def _run_pending() -> None:
+    """At exit, run the teardowns of the objects still loaded, the most recent first (their code stays mapped)."""
+    for teardown in reversed(list(_pending.values())):
+        teardown.run()
+
+
+def _dispose(jit: ctypes.c_void_p, teardown: _Teardown) -> None:
+    teardown.run()
     error = libllvm().LLVMOrcDisposeLLJIT(jit)
     if error:  # the session's teardown failed; nothing more can be freed or reported from a finalizer
         _message(error, "LLVMDisposeErrorMessage")
@@ -126,7 +161,8 @@ class LoadedObject:
 
     The JIT, and with it the object's code, lives as long as this object: it is
     freed (``LLVMOrcDisposeLLJIT``) when this object is collected, so whoever
-    calls the code must hold this object. It is not freed at interpreter exit.
+    calls the code must hold this object. It is not freed at interpreter exit;
+    what :meth:`at_release` registered runs then, or before the JIT is freed.
     Raises ObjectLoadError if LLVM cannot create the JIT or load the object.
     """
 
@@ -134,7 +170,8 @@ class LoadedObject:
         llvm = libllvm()
         self._jit = _P()
         _check(llvm.LLVMOrcCreateLLJIT(ctypes.byref(self._jit), None))
-        self._release = weakref.finalize(self, _dispose, self._jit)
+        self._teardown = _Teardown()
+        self._release = weakref.finalize(self, _dispose, self._jit, self._teardown)
         self._release.atexit = False
         dylib = llvm.LLVMOrcLLJITGetMainJITDylib(self._jit)
         generator = _P()
@@ -162,6 +199,11 @@ class LoadedObject:
         if error:  # the unit is still ours
             llvm.LLVMOrcDisposeMaterializationUnit(unit)
         _check(error)
+
+    def at_release(self, function: Callable[[], object]) -> None:
+        """Call ``function`` once, before the code is freed or at the interpreter's exit, whichever comes
+        first; the last registered runs first. It must not refer to this object (which it would keep alive)."""
+        self._teardown.add(function)
 
     def symbol(self, name: str) -> int:
         """Address of ``name``; ObjectLoadError if it is missing or does not link."""
