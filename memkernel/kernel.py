@@ -38,6 +38,7 @@ from .fastpath.builtin import FastFunction, called_through
 from .load import cache as kernel_cache
 from .load.cache import CacheKey, Entry
 from .load.compiled import CompiledFunction, load_function
+from .load.guard import raiser
 from .load.libraries import resolve_libraries
 from .load.objects import ObjectLoadError
 from .model import codec
@@ -139,24 +140,22 @@ class Kernel:
             return isolation.invoker(self.spec, options, self._function)
         spec = self.spec
         results = spec.signature.results
-        # A kernel whose assertions may fail runs through its guard, on the checked path.
-        guarded = spec.asserts or options.checked_wanted
-        compiled = self._compiled_function(abi.fast_path_enabled() and not guarded)
+        compiled = self._compiled_function(abi.fast_path_enabled())
         allocator = allocator_for(spec, self._function)
         reader = ResultReader(results) if results else None
         plan = CallPlan(spec.name, [binder_for(c) for c in spec.contracts], spec.n_inputs, allocator, spec.shapes,
                         spec.overlap_pairs, results, compiled.address, compiled, compiled.guard_address,
                         options.source)
         fast = None
-        # A module whose failed assertions return to its guard (a custom pipeline's runtime verification, an
-        # abort of its own) is called through that guard, whatever decoration saw.
-        if compiled.fast is not None and not compiled.guard_address:
+        if compiled.fast is not None:
             entry = compiled.owner.symbol(compiled.fast.entry) if compiled.fast.entry else 0
-            fast = FastFunction(compiled.fast_address, compiled.consts_address, compiled.fast, reader, entry)
+            fast = FastFunction(compiled.fast_address, compiled.consts_address, compiled.fast, reader,
+                                raiser(spec.name, options.source), entry)
         capture, may_print = options.capture_output, compiled.may_print
         construction = compiled.construction
         if construction is not None:  # the module's global constructors, printing as a call would
-            with_output_capture(lambda args, given: construction.run_once(), capture, may_print)((), ())
+            with_output_capture(lambda args, given: construction.run_once(spec.name, options.source), capture,
+                                may_print)((), ())
         pending = self._pending if self._callbacks else None
 
         def wrap(run: Run) -> Run:

@@ -89,6 +89,19 @@ def test_without_checked_an_assertion_free_kernel_keeps_the_fast_path(monkeypatc
     assert fill.invoker.fast is not None and fill.invoker.last_path == "fast"
 
 
+def test_a_checked_kernel_takes_the_fast_path_and_fails_there_as_on_the_checked_path(monkeypatch):
+    monkeypatch.delenv("MEMKERNEL_FAST_PATH", raising=False)  # whatever the session says
+    fill = mlir_kernel(FILL, checked=True, cache=False)(lambda y, n: None)
+    y = np.zeros(3, F32)
+    fill(y, 3)
+    assert fill.invoker.last_path == "fast"
+    with pytest.raises(KernelAssertionError) as fast:
+        fill(y, 5)
+    with pytest.raises(KernelAssertionError) as checked:
+        fill.invoker.plan.call((y, 5), ())
+    assert str(fast.value) == str(checked.value) and "out-of-bounds access" in str(fast.value)
+
+
 def test_checked_turns_an_out_of_bounds_store_into_an_exception():
     fill = mlir_kernel(FILL, checked=True)(lambda y, n: None)
     big = np.zeros(8, F32)

@@ -1,15 +1,13 @@
 """Reading a kernel's IR at decoration into a :class:`~memkernel.model.kernel_spec.KernelIR`: its signature,
 which memref arguments it may write (:mod:`memkernel.analysis.writes`), which dims of its arguments must
-agree (:mod:`memkernel.analysis.shapes`), and whether it holds a ``cf.assert``."""
+agree (:mod:`memkernel.analysis.shapes`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mlir import ir
 
 from ..errors import SignatureError
-from .ir_callbacks import walk
 from ..model.kernel_spec import KernelIR, output_names
 from ..model.shapes import ShapeRules
 from ..model.signature import ScalarSpec
@@ -52,18 +50,4 @@ def analyse(parsed: ParsedSource, name: str, parameters: Sequence[str] = ()) -> 
         called = (list(parameters[:len(signature.args)]) + output_names(len(signature.args) - len(parameters))
                   if parameters else [])
         rules = ir_rules(parsed.module, name, signature.args, called) if buffers else ShapeRules((), (), {}, ())
-        asserts = _has_assertions(parsed.module)
-    return KernelIR(name, signature, written, rules, asserts)
-
-
-def _has_assertions(module: ir.Module) -> bool:
-    found: list[bool] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "cf.assert":
-            found.append(True)
-            return ir.WalkResult.INTERRUPT
-        return ir.WalkResult.ADVANCE
-
-    walk(module.operation, visit)
-    return bool(found)
+    return KernelIR(name, signature, written, rules)

@@ -24,8 +24,8 @@ from .binders import Binder, CallState, ScalarBinder
 from .descriptors import align
 from .interrupts import HeldInterrupts
 from .results import ResultReader
-from ..load.guard import FRAME_SIZE, MESSAGE_OFFSET, as_written, location_line
-from ..errors import ArgumentError, CallDepthError, KernelAssertionError
+from ..load.guard import FRAME_SIZE, failure_error
+from ..errors import ArgumentError, CallDepthError
 from ..model.shapes import ShapeRules
 from ..model.signature import ArgSpec
 
@@ -47,7 +47,7 @@ class _Frame:
         self.buffer = ctypes.create_string_buffer(plan.frame_size + FRAME_SIZE + 16)
         self.address = ctypes.addressof(self.buffer)
         self.guard = align(self.address + plan.frame_size, 16)
-        """Where a guarded call keeps its jmp_buf and the message of a failed assertion."""
+        """Where a guarded call keeps its jmp_buf and what failed (see :mod:`memkernel.compile.guard`)."""
         base = self.address
         for slot, target in plan.pointer_slots:
             struct.pack_into("<Q", self.buffer, slot, base + target)
@@ -91,8 +91,9 @@ class CallPlan:
                  shapes: ShapeRules, overlaps: Sequence[tuple[int, int]], results: Sequence[ArgSpec], address: int,
                  keep_alive: Any, guard: int = 0, source: str = "") -> None:
         """``guard``, when not 0, is the compiled module's ``__memkernel_guarded`` (see
-        :mod:`memkernel.compile.assertions`): calls go through it, and a failed ``cf.assert`` is raised as a
-        KernelAssertionError showing the line of ``source`` it points at."""
+        :mod:`memkernel.compile.guard`): calls go through it, and a failed ``cf.assert`` is raised as a
+        KernelAssertionError showing the line of ``source`` it points at, a failed heap allocation as an
+        AllocationError."""
         self.binders = tuple(binders)
         self._check = ArgumentCheck(kernel, binders, n_inputs, allocator, shapes)
         self._overlaps = tuple(overlaps)
@@ -194,30 +195,25 @@ class CallPlan:
             frame = _Frame(self)
         if state.copy_back:
             with HeldInterrupts(holding=False) as interrupts:
-                failed, results = self._invoke(frame, packed, state, interrupts)
+                error, results = self._invoke(frame, packed, state, interrupts)
         else:
-            failed, results = self._invoke(frame, packed, state, None)
-        if failed is not None:
-            line = location_line(failed, self._source)
-            raise KernelAssertionError(
-                f"{self._kernel}(): the kernel stopped at a failed assertion:\n{failed}"
-                + (f"\n    {line}" if line else ""),
-                assertion=as_written(failed),
-            )
+            error, results = self._invoke(frame, packed, state, None)
+        if error is not None:
+            raise error
         return outputs, results
 
     def _invoke(self, frame: _Frame, packed: list[Any], state: CallState, interrupts: HeldInterrupts | None
-                ) -> tuple[str | None, tuple[Any, ...]]:
-        """Run the kernel on ``packed`` in ``frame``: the message of a failed assertion, if one stopped it, and
-        the results (none then).
+                ) -> tuple[Exception | None, tuple[Any, ...]]:
+        """Run the kernel on ``packed`` in ``frame``: the error of a failure it returned to its guard with (a
+        failed assertion or heap allocation), if one stopped it, and the results (none then).
 
         Whatever happens, what the kernel wrote into copies then reaches the
-        caller's arrays, all of it: a failed assertion stopped the kernel after
-        its writes, and a KeyboardInterrupt either arrives before the kernel
+        caller's arrays, all of it: a failure stopped the kernel after its
+        writes, and a KeyboardInterrupt either arrives before the kernel
         starts (the copies still hold the arrays' values) or is held by
         ``interrupts`` from the copy-back's start to its end.
         """
-        failed: str | None = None
+        failed = False
         try:
             self._values.pack_into(frame.buffer, self._values_offset, *packed)
             try:
@@ -227,21 +223,19 @@ class CallPlan:
                     f"{self._kernel}(): Python's recursion limit was reached while passing the call to the "
                     f"kernel ({exc}). Call it with more of the limit left, or raise sys.setrecursionlimit()."
                 ) from None
+            error = failure_error(self._kernel, self._source, frame.guard) if failed else None
             results = (self._reader.read(frame.buffer, self._results_offset, state.buffers)
-                       if self._reader.results and failed is None else ())
-            return failed, results
+                       if self._reader.results and not failed else ())
+            return error, results
         finally:
             if interrupts is not None:
                 interrupts.holding = True  # first: no handler runs during an attribute store
             self._frames.append(frame)
             state.finish()
 
-    def _run(self, frame: _Frame) -> str | None:
-        """Run the kernel on the frame's arguments; the message of a failed assertion, if one stopped it."""
+    def _run(self, frame: _Frame) -> bool:
+        """Run the kernel on the frame's arguments; whether it unwound to its guard (the frame says why)."""
         if self._guard is None:
             self._function(frame.address)
-            return None
-        if not self._guard(frame.guard, self._address, frame.address):
-            return None
-        message = ctypes.c_char_p.from_address(frame.guard + MESSAGE_OFFSET).value or b""
-        return message.decode(errors="replace")
+            return False
+        return bool(self._guard(frame.guard, self._address, frame.address))

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from mlir import ir
 from mlir.execution_engine import ExecutionEngine
 
-from . import assertions, initializers, worker
+from . import assertions, guard, initializers, worker
 from ..errors import CompileError
 from ..load import libraries
 from ..load.cache import Entry
@@ -112,7 +112,7 @@ def check_lowered_signature(module: ir.Module, signature: Signature) -> None:
 class ObjectCode:
     """What the compile worker makes of a kernel: its relocatable object, whether it holds the fast
     path, the functions it calls that it does not define (the process that links it finds them),
-    whether its failed assertions return to a guard, and whether it has global constructors or
+    whether its failed assertions and allocations return to a guard, and whether it has global constructors or
     destructors (see :mod:`memkernel.compile.initializers`)."""
 
     code: bytes
@@ -142,11 +142,12 @@ def object_code(source: str, name: str, pipeline: Pipeline, opt_level: int, shar
         lower_kernel(parsed, name, pipeline, callbacks)
         check_lowered_signature(parsed.module, signature)
         has_initializers = initializers.gather(parsed.module)
-        contained = assertions.contain(parsed.module)
+        contained = guard.contain(parsed.module)
         if contained is not None:
             parsed.module = contained
         if fast is not None:
-            attach(parsed.module, fast)
+            attach(parsed.module, fast, guard.runner(fast.kernel, fast.operand_types, fast.result_type,
+                                                     guarded=contained is not None))
         defined_later = {f"_mlir_ciface_{callback}" for callback in callbacks}
         externals = [f for f in external_functions(parsed.module) if f not in defined_later]
         added, unresolved = libraries.libraries_for(externals, shared_libs)

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from mlir import ir, passmanager
 from mlir.dialects.transform import interpreter
 
-from . import i1_storage
+from . import allocations, i1_storage
 from ..diagnostics import format_diagnostics
 from ..model.dtypes import SMALL_FLOAT_NAMES, SUB_BYTE_FLOAT_BITS
 from ..errors import CompileError, SignatureError
@@ -406,6 +406,7 @@ def lower(module: ir.Module, pipeline: Pipeline, source: str, until: str = "llvm
             _scheduled(module, pipeline, source, pipeline.schedule or SCHEDULES[0])
         if pipeline.checked:
             _verify(module, source)
+        allocations.check_sizes(module)
         _run(pipeline.custom, module, source)
         if interprets:
             strip_schedule(module)
@@ -427,6 +428,7 @@ def lower(module: ir.Module, pipeline: Pipeline, source: str, until: str = "llvm
             module = strategy.applied(module, pipeline.parallel)
     if until == "vectorized":
         return module
+    allocations.check_sizes(module)
     _run(pre_lowering(pipeline.parallel), module, source)
     i1_storage.lower_i1_accesses(module)
     if until == "loops":

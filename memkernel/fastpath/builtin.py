@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import numpy as np
 
@@ -53,16 +53,19 @@ class FastFunction:
 
     ``reader`` reads the kernel's results (the call path's
     :class:`~memkernel.call.results.ResultReader`), None when it has none.
+    ``failed`` raises the error of a call whose kernel unwound to its guard, given the guard's frame
+    (see :func:`memkernel.load.guard.raiser`).
     """
 
     def __init__(self, function_address: int, consts_address: int, fast: FastSymbols,
-                 reader: ResultReading | None, entry_address: int = 0) -> None:
-        constants.fill(consts_address, fast.dtypes)
+                 reader: ResultReading | None, failed: Callable[[int], NoReturn], entry_address: int = 0) -> None:
+        constants.fill(consts_address, fast.dtypes, failed)
         self.entry_address = entry_address
         """Where the compiled entry (``fast.entry``) was loaded; 0 when the kernel has none."""
-        self._dtypes = fast.dtypes  # the table holds their addresses: keep them alive
+        self._dtypes, self._failed = fast.dtypes, failed  # the table holds their addresses: keep them alive
         self.raw = _new_builtin(_MethodDef(fast.function.encode(), function_address, _METH_FASTCALL, None))
-        """``raw(args, outputs[, results])``: DONE if it ran the kernel, DECLINED if not."""
+        """``raw(args, outputs[, results])``: DONE if it ran the kernel, DECLINED if not; raises what ``failed``
+        raises if the kernel unwound to its guard."""
         self._reader = reader
         self._buffers: list[np.ndarray] = []
 

@@ -54,6 +54,12 @@ class Slot(IntEnum):
     VECTORCALL = 13
     CLEAR_ERROR = 14
     ZEROS = 15
+    FAILED = 16
+    FROM_VOID_PTR = 17
+    TUPLE_NEW = 18
+    TUPLE_SET_ITEM = 19
+    CALL = 20
+    DECREF = 21
 
 
 FILL: dict[Slot, Callable[[], int]] = {
@@ -75,19 +81,29 @@ FILL: dict[Slot, Callable[[], int]] = {
     Slot.VECTORCALL: lambda: c_function("PyObject_Vectorcall") if has_c_function("PyObject_Vectorcall") else 0,
     Slot.CLEAR_ERROR: lambda: c_function("PyErr_Clear"),
     Slot.ZEROS: lambda: numpy_api(NUMPY_ZEROS),  # allocates an output, zero-filled
+    # A kernel that unwound to its guard: the kernel's FAILED callable, called with the guard's frame, raises.
+    Slot.FROM_VOID_PTR: lambda: c_function("PyLong_FromVoidPtr"),
+    Slot.TUPLE_NEW: lambda: c_function("PyTuple_New"),
+    Slot.TUPLE_SET_ITEM: lambda: c_function("PyTuple_SetItem"),
+    Slot.CALL: lambda: c_function("PyObject_Call"),
+    Slot.DECREF: lambda: c_function("Py_DecRef"),
 }
+"""What fills each slot but :attr:`Slot.FAILED`, which holds the kernel's own callable (see :func:`fill`)."""
 
 FIRST_DTYPE = len(Slot)
 """The first slot after the named ones: the dtype objects, in the order the emitter asked for them."""
 
 
-def fill(address: int, dtypes: Sequence[np.dtype]) -> None:
-    """Write this process's addresses into the table at ``address``.
+def fill(address: int, dtypes: Sequence[np.dtype], failed: Callable[[int], object]) -> None:
+    """Write this process's addresses into the table at ``address``, and ``failed``: what the fast path
+    calls, with the address of its guard's frame, when the kernel unwound to it (it raises the call's error).
 
-    The caller keeps ``dtypes`` alive as long as the code can run: the table holds their addresses.
+    The caller keeps ``dtypes`` and ``failed`` alive as long as the code can run: the table holds their
+    addresses.
     """
     table = (ctypes.c_int64 * (FIRST_DTYPE + len(dtypes))).from_address(address)
     for slot, value in FILL.items():
         table[slot] = value()
+    table[Slot.FAILED] = id(failed)
     for i, dtype in enumerate(dtypes):
         table[FIRST_DTYPE + i] = id(dtype)

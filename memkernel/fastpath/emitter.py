@@ -18,6 +18,13 @@ the caller then takes the checked Python path, which handles (or explains)
 everything else. The fast path never accepts a value the Python path would
 refuse or convert.
 
+It calls the kernel through ``__memkernel_run_<name>`` (defined when the module
+is compiled, see :func:`memkernel.compile.guard.runner`), with a guard frame on
+its stack: when the kernel unwound to the guard (a failed assertion or heap
+allocation), the fast path calls the kernel's ``failed`` callable from the
+constants table with the frame's address, which raises the error the checked
+path raises, and returns NULL with that error set.
+
 A kernel with no results and at most one output also gets a compiled entry,
 ``__memkernel_entry_<name>``, a ``METH_FASTCALL | METH_KEYWORDS`` function
 called as the kernel itself is, ``kernel(*inputs)`` or ``kernel(*inputs,
@@ -42,6 +49,8 @@ from dataclasses import dataclass
 import numpy as np
 from mlir import ir
 
+from ..compile.guard import runner_name
+from ..load.guard import FRAME_SIZE as GUARD_FRAME_SIZE
 from ..model.contract import BufferContract, Contract, ScalarContract
 from ..model.kernel_spec import KernelSpec
 from ..model.shapes import Dim
@@ -57,6 +66,11 @@ class FastPath:
 
     text: str
     symbols: FastSymbols
+    kernel: str = ""
+    operand_types: tuple[str, ...] = ()
+    result_type: str | None = None
+    """The lowered kernel it calls, its operands' and result's LLVM types: what ``__memkernel_run_<kernel>``
+    takes and stores."""
 
 
 def _handles(contract: Contract) -> bool:
@@ -101,6 +115,8 @@ class _Emitter:
 
     def __init__(self) -> None:
         self.lines: list[str] = []
+        self.deferred: list[str] = []
+        """Blocks written after the function's others (a failed kernel's)."""
         self.counter = 0
         self.blocks = 0
 
@@ -112,6 +128,18 @@ class _Emitter:
 
     def op(self, expression: str) -> None:
         self.lines.append(f"  {expression}")
+
+    def stack_bytes(self, size: int, alignment: int) -> str:
+        """A pointer to ``size`` bytes on the stack, allocated in the entry block (once per call)."""
+        self.counter += 2
+        count, name = f"%v{self.counter - 1}", f"%v{self.counter}"
+        self.lines[:0] = [f"  {count} = llvm.mlir.constant({size} : i64) : i64",
+                          f"  {name} = llvm.alloca {count} x i8 {{alignment = {alignment} : i64}} : (i64) -> !llvm.ptr"]
+        return name
+
+    def body(self) -> str:
+        """The function's blocks, the deferred ones last."""
+        return "\n".join(self.lines + self.deferred)
 
     def const(self, value: int, llvm_type: str = "i64") -> str:
         if llvm_type == "i1":
@@ -172,6 +200,9 @@ class _Generator:
         self.sources = spec.output_sources()
         self.consts = f"__memkernel_consts_{spec.name}"
         self.function = f"__memkernel_fast_{spec.name}"
+        self.failed = f"__memkernel_failed_{spec.name}"
+        self.kernel_types: tuple[str, ...] = ()
+        self.kernel_result: str | None = None
 
     def _const_slot(self, slot: int) -> str:
         """Load the constants table's entry ``slot`` (a :class:`Slot` or a dtype slot)."""
@@ -405,19 +436,34 @@ class _Generator:
             types += lowered_argument_types(contract.spec)
         return operands, types
 
-    def _call_kernel(self, operands: list[str], types: list[str], returned: str | None = None) -> str | None:
-        """Release the GIL, call the kernel, take the GIL back; the kernel's result, if ``returned`` says one."""
+    def _call_kernel(self, operands: list[str], types: list[str], results: str | None = None,
+                     owned: str | None = None) -> None:
+        """Release the GIL, call the kernel (storing its result at ``results``), take the GIL back.
+
+        If the kernel unwound to its guard, release ``owned`` (a new reference the call made) and return NULL
+        with the error set that the kernel's ``failed`` callable raises.
+        """
         e = self.e
-        signature = f"({', '.join(types)}) -> {returned or '()'}"
+        frame = e.stack_bytes(GUARD_FRAME_SIZE, 16)
         save = self._const_slot(Slot.SAVE_THREAD)
         restore = self._const_slot(Slot.RESTORE_THREAD)
         state = e.value(f"llvm.call {save}() : !llvm.ptr, () -> !llvm.ptr")
-        call = f"llvm.call @{self.name}({', '.join(operands)}) : {signature}"
-        result = e.value(call) if returned else None
-        if not returned:
-            e.op(call)
+        results = results or e.value("llvm.mlir.zero : !llvm.ptr")
+        signature = f"({', '.join(['!llvm.ptr', '!llvm.ptr', *types])}) -> i32"
+        status = e.value(f"llvm.call @{runner_name(self.name)}({', '.join([frame, results, *operands])}) : "
+                         f"{signature}")
         e.op(f"llvm.call {restore}({state}) : !llvm.ptr, (!llvm.ptr) -> ()")
-        return result
+        e.blocks += 1
+        block = e.blocks
+        e.op(f"llvm.cond_br {e.icmp('ne', status, e.const(0, 'i32'), 'i32')}, ^failed{block}, ^ran{block}")
+        e.lines.append(f"^ran{block}:")
+        lines, e.lines = e.lines, e.deferred
+        e.lines.append(f"^failed{block}:")
+        if owned is not None:
+            e.op(f"llvm.call {self._const_slot(Slot.DECREF)}({owned}) : !llvm.ptr, (!llvm.ptr) -> ()")
+        raised = e.value(f"llvm.call @{self.failed}({frame}) : (!llvm.ptr) -> !llvm.ptr")
+        e.op(f"llvm.return {raised} : !llvm.ptr")
+        e.lines = lines
 
     def generate(self) -> str:
         """The ``fast(args, outputs[, results])`` function, as LLVM-dialect text."""
@@ -435,17 +481,17 @@ class _Generator:
             returned = str(result_types[0])
         else:
             returned = f"!llvm.struct<({', '.join(str(t) for t in result_types)})>"
+        self.kernel_types, self.kernel_result = tuple(types), returned
         if returned:
             results_array = e.load("%argv", "!llvm.ptr", 16)
             results = e.load(results_array, "!llvm.ptr", LAYOUT.array_data)
-            result = self._call_kernel(operands, types, returned)
-            e.op(f"llvm.store {result}, {results} : {returned}, !llvm.ptr")
+            self._call_kernel(operands, types, results)
         else:
             self._call_kernel(operands, types)
         self._returning(Slot.DONE)
         e.lines.append("^fallback:")
         self._returning(Slot.DECLINED)
-        body = "\n".join(e.lines)
+        body = e.body()
         self.declaration = f"llvm.func @{self.name}({', '.join(types)}){f' -> {returned}' if returned else ''}"
         return f"""llvm.func @{self.function}(%self: !llvm.ptr, %argv: !llvm.ptr, %nargs: i64) -> !llvm.ptr {{
 {body}
@@ -456,13 +502,41 @@ class _Generator:
         functions = [self.generate()]
         if entry is not None:
             functions.append(_EntryGenerator(self).generate(entry))
+        functions.append(self._failed_function())
         size = FIRST_DTYPE + len(self.dtypes)
         text = f"""
 llvm.mlir.global external @{self.consts}(dense<0> : tensor<{size}xi64>) : !llvm.array<{size} x i64>
 {self.declaration}
 {chr(10).join(functions)}
 """
-        return FastPath(text, FastSymbols(self.function, self.consts, tuple(self.dtypes), entry))
+        return FastPath(text, FastSymbols(self.function, self.consts, tuple(self.dtypes), entry), self.name,
+                        self.kernel_types, self.kernel_result)
+
+    def _failed_function(self) -> str:
+        """``__memkernel_failed_<name>(frame)``: the kernel's ``failed`` callable called with the frame's address
+        (it raises); returns NULL, the error set."""
+        self.e = e = _Emitter()
+        null = e.value("llvm.mlir.zero : !llvm.ptr")
+        address = e.value(f"llvm.call {self._const_slot(Slot.FROM_VOID_PTR)}(%frame) : !llvm.ptr, (!llvm.ptr) -> "
+                          "!llvm.ptr")
+        e.op(f"llvm.cond_br {e.icmp('eq', address, null, '!llvm.ptr')}, ^no_memory, ^made")
+        e.lines.append("^made:")
+        arguments = e.value(f"llvm.call {self._const_slot(Slot.TUPLE_NEW)}({e.const(1)}) : !llvm.ptr, (i64) -> "
+                            "!llvm.ptr")
+        e.op(f"llvm.cond_br {e.icmp('eq', arguments, null, '!llvm.ptr')}, ^no_tuple, ^packed")
+        e.lines.append("^no_tuple:")
+        e.op(f"llvm.call {self._const_slot(Slot.DECREF)}({address}) : !llvm.ptr, (!llvm.ptr) -> ()")
+        e.op("llvm.br ^no_memory")
+        e.lines.append("^packed:")
+        e.value(f"llvm.call {self._const_slot(Slot.TUPLE_SET_ITEM)}({arguments}, {e.const(0)}, {address}) : "
+                "!llvm.ptr, (!llvm.ptr, i64, !llvm.ptr) -> i32")  # steals the reference to the address
+        raised = e.value(f"llvm.call {self._const_slot(Slot.CALL)}({self._const_slot(Slot.FAILED)}, {arguments}, "
+                         f"{null}) : !llvm.ptr, (!llvm.ptr, !llvm.ptr, !llvm.ptr) -> !llvm.ptr")
+        e.op(f"llvm.call {self._const_slot(Slot.DECREF)}({arguments}) : !llvm.ptr, (!llvm.ptr) -> ()")
+        e.op(f"llvm.return {raised} : !llvm.ptr")
+        e.lines.append("^no_memory:")
+        e.op(f"llvm.return {null} : !llvm.ptr")
+        return f"llvm.func @{self.failed}(%frame: !llvm.ptr) -> !llvm.ptr {{\n{e.body()}\n}}"
 
 
 
@@ -548,7 +622,7 @@ class _EntryGenerator:
         e.lines.append("^allocated:")
         data = e.load(array, "!llvm.ptr", LAYOUT.array_data)
         operands += [data, data, e.const(0), *sizes, *g._contiguous_strides(sizes)]
-        g._call_kernel(operands, types + lowered_argument_types(output.spec))
+        g._call_kernel(operands, types + lowered_argument_types(output.spec), owned=array)
         self._ran(array, new_reference=True)
 
     def generate(self, name: str) -> str:
@@ -586,7 +660,7 @@ class _EntryGenerator:
         result = self._call_c(Slot.VECTORCALL, [(fallback, "!llvm.ptr"), ("%argv", "!llvm.ptr"),
                                                 ("%nargsf", "i64"), ("%kwnames", "!llvm.ptr")], "!llvm.ptr")
         e.op(f"llvm.return {result} : !llvm.ptr")
-        body = "\n".join(e.lines)
+        body = e.body()
         parameters = "%self: !llvm.ptr, %argv: !llvm.ptr, %nargsf: i64, %kwnames: !llvm.ptr"
         return f"""llvm.func @{name}({parameters}) -> !llvm.ptr {{
 {body}
@@ -622,10 +696,14 @@ def lowered_function(module: ir.Module, name: str) -> ir.Operation | None:
     return None
 
 
-def attach(module: ir.Module, fast: FastPath) -> None:
-    """Add the fast path to a lowered module whose kernel has the default lowered signature."""
-    addition = ir.Module.parse(fast.text, module.context)
+def attach(module: ir.Module, fast: FastPath, runner: str) -> None:
+    """Add the fast path to a lowered module whose kernel has the default lowered signature, with ``runner``:
+    the text of its ``__memkernel_run_<name>`` (see :func:`memkernel.compile.guard.runner`) and of the
+    declarations it needs."""
+    addition = ir.Module.parse(fast.text + runner, module.context)
     for op in list(addition.body.operations):
-        is_declaration = op.operation.name == "llvm.func" and len(op.regions[0].blocks) == 0
-        if not is_declaration:
+        op = op.operation
+        defined = op.name == "llvm.func" and len(op.regions[0].blocks) > 0
+        table = op.name == "llvm.mlir.global" and ir.StringAttr(op.attributes["sym_name"]).value == fast.symbols.consts
+        if defined or table:  # the runner's declarations name what the guarded module defines
             module.body.append(op.detach_from_parent())

@@ -196,8 +196,8 @@ def directory() -> Path | None:
 @dataclass(frozen=True)
 class Entry:
     """A disk cache entry: the object code, the libraries it links against, its fast path's
-    symbols (None when it has none), whether it may print, whether its assertions return to a guard
-    (see :mod:`memkernel.compile.assertions`), and whether it has global constructors or
+    symbols (None when it has none), whether it may print, whether its failed assertions and allocations
+    return to a guard (see :mod:`memkernel.compile.guard`), and whether it has global constructors or
     destructors to run (see :mod:`memkernel.compile.initializers`)."""
 
     code: bytes

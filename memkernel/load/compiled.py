@@ -54,7 +54,7 @@ def load_function(entry: Entry, name: str, symbols: Mapping[str, int] | None = N
     if entry.guarded:
         guard_address = loaded.symbol(guard.GUARD)
         guard.fill_key(loaded.symbol(guard.KEY))
-    construction = Construction(loaded) if entry.initializers else None
+    construction = Construction(loaded, guard_address) if entry.initializers else None
     if entry.fast is None:
         return CompiledFunction(loaded, address, 0, 0, None, entry, entry.may_print, guard_address, construction)
     return CompiledFunction(loaded, address, loaded.symbol(entry.fast.function), loaded.symbol(entry.fast.consts),

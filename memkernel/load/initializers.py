@@ -8,8 +8,11 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
+from collections.abc import Callable
 
+from ..errors import MemkernelError
 from ..stdio import flush_streams
+from .guard import FRAME_SIZE, failure_error
 from .objects import LoadedObject
 
 CONSTRUCTORS = "__memkernel_constructors"
@@ -17,31 +20,54 @@ DESTRUCTORS = "__memkernel_destructors"
 
 
 _VOID = ctypes.CFUNCTYPE(None)
-
-
-def _call(address: int) -> None:
-    """Call the ``void f(void)`` at ``address``, with Python's and C's buffered output written out around it."""
-    flush_streams()
-    _VOID(address)()
-    flush_streams()
+_GUARDED = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
 
 
 class Construction:
-    """A loaded module's constructors, run once, and its destructors, run when its code is released."""
+    """A loaded module's constructors, run once, and its destructors, run when its code is released.
 
-    def __init__(self, loaded: LoadedObject) -> None:
+    In a module with a guard (``guard``, its address), they run through it, as calls do: a failed assertion
+    or heap allocation in them raises the call's error (see :mod:`memkernel.load.guard`).
+    """
+
+    def __init__(self, loaded: LoadedObject, guard: int = 0) -> None:
         self._loaded = loaded
         self._constructors = loaded.symbol(CONSTRUCTORS)
         self._destructors = loaded.symbol(DESTRUCTORS)
+        self._guard = _GUARDED(guard) if guard else None
         self._lock = threading.Lock()
         self._done = False
+        self._failure: MemkernelError | None = None
 
-    def run_once(self) -> None:
+    def run_once(self, kernel: str, source: str) -> None:
         """Run the constructors, unless they ran for this load already; the destructors then run once, when
-        the code is released or at the interpreter's exit."""
+        the code is released or at the interpreter's exit. ``kernel`` and ``source`` name the kernel in the
+        error that a failure in them raises; the code is not called again after one (each later
+        ``run_once`` raises it again)."""
         with self._lock:
-            if self._done:
-                return
-            self._done = True
-            _call(self._constructors)
-            self._loaded.at_release(functools.partial(_call, self._destructors))
+            if not self._done:
+                self._done = True
+                # Refers to the code's addresses only: the loaded object must stay collectable.
+                self._loaded.at_release(functools.partial(_call, self._guard, self._destructors, kernel, source))
+                try:
+                    _call(self._guard, self._constructors, kernel, source)
+                except MemkernelError as exc:
+                    self._failure = exc
+            if self._failure is not None:
+                raise type(self._failure)(*self._failure.args)
+
+
+def _call(guarded: Callable[[int, int, None], int] | None, address: int, kernel: str, source: str) -> None:
+    """Call the ``void f(void)`` at ``address`` (through ``guarded``, the module's guard, if any), with Python's
+    and C's buffered output written out around it."""
+    flush_streams()
+    try:
+        if guarded is None:
+            _VOID(address)()
+            return
+        frame = ctypes.create_string_buffer(FRAME_SIZE + 16)
+        at = (ctypes.addressof(frame) + 15) & ~15
+        if guarded(at, address, None):
+            raise failure_error(kernel, source, at, "its global constructors or destructors")
+    finally:
+        flush_streams()

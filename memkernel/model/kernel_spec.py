@@ -24,14 +24,12 @@ from .signature import ArgSpec, MemRefSpec, ScalarSpec, Signature
 @dataclass(frozen=True)
 class KernelIR:
     """What the kernel's IR says, read once at decoration: its signature, the memref arguments it may
-    write, the rules its ops put on its arguments' dims (no dim names yet), and whether it holds a
-    ``cf.assert``."""
+    write, and the rules its ops put on its arguments' dims (no dim names yet)."""
 
     name: str
     signature: Signature
     written: frozenset[int]
     rules: ShapeRules
-    asserts: bool
 
 
 _PARAMETER = inspect.Parameter
@@ -60,8 +58,6 @@ class KernelSpec:
     written: frozenset[int]
     contracts: tuple[Contract, ...]
     shapes: ShapeRules
-    asserts: bool = False
-    """Whether the source holds a ``cf.assert`` (its failure is raised through the guarded call)."""
 
     @property
     def overlap_pairs(self) -> tuple[tuple[int, int], ...]:
@@ -175,4 +171,4 @@ def bind(ir: KernelIR, function: Callable[..., Any]) -> KernelSpec:
     )
     named, names, outputs = named_rules(name, parameters, returned, signature.args)
     shapes = dataclasses.replace(ir.rules, ties=ir.rules.ties + tuple(named), names=names, output_names=outputs)
-    return KernelSpec(name, signature, parameters, written, contracts, shapes, ir.asserts)
+    return KernelSpec(name, signature, parameters, written, contracts, shapes)

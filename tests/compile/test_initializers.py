@@ -132,3 +132,41 @@ def test_destructors_run_once_by_descending_priority_when_the_code_is_released()
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.split() == ["1", "2", "3", "4", "5", "6", "released"]  # and none at exit
 
+
+
+# A constructor whose allocation fails: it wrote through NULL (SIGSEGV) before the guard ran it.
+FAILING_CONSTRUCTOR = """
+llvm.mlir.global_ctors ctors = [@grab], priorities = [0 : i32], data = [#llvm.zero]
+llvm.func @malloc(i64) -> !llvm.ptr
+llvm.func @grab() {
+  %size = llvm.mlir.constant(9223372036854775807 : i64) : i64
+  %p = llvm.call @malloc(%size) : (i64) -> !llvm.ptr
+  %one = llvm.mlir.constant(1.0 : f32) : f32
+  llvm.store %one, %p : f32, !llvm.ptr
+  llvm.return
+}
+func.func @k() {
+  return
+}
+"""
+
+
+def test_a_constructor_whose_allocation_fails_is_an_allocation_error_at_every_call() -> None:
+    script = textwrap.dedent("""
+        import sys
+        from memkernel import AllocationError, mlir_kernel
+
+        kernel = mlir_kernel(sys.argv[1], cache=False, opt_level=0)(lambda: None)
+        for _ in range(2):
+            try:
+                kernel()
+            except AllocationError as error:
+                print(error)
+    """)
+    run = subprocess.run([sys.executable, "-c", script, FAILING_CONSTRUCTOR], capture_output=True, text=True,
+                         timeout=300, cwd=REPO, env={**os.environ, "PYTHONPATH": REPO, "MEMKERNEL_CACHE_DIR": ""})
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = run.stdout.splitlines()
+    assert len(lines) == 2 and lines[0] == lines[1]
+    assert lines[0].startswith("k(): a memref.alloc in its global constructors or destructors could not get "
+                               "9223372036854775807 bytes (8.59e+09 GiB): malloc returned NULL.")
