@@ -14,7 +14,7 @@ import pytest
 from memkernel import mlir_kernel
 from memkernel.testing import assert_matches, default_tolerance, layout_copy
 
-from . import kernels
+from .. import kernels
 from .test_strategies import conv_reference, conv_shape
 
 F32 = np.float32
@@ -337,7 +337,7 @@ def test_openblas_haswell_kernels_do_not_fail_a_correct_matmul(tmp_path):
         "import numpy as np\n"
         "from memkernel import mlir_kernel\n"
         "from memkernel.testing import assert_matches\n"
-        "from tests.testing import kernels\n"
+        "from tests import kernels\n"
         "matmul = mlir_kernel(kernels.MATMUL, name='matmul')(lambda a, b: None)\n"
         "rng = np.random.default_rng(0)\n"
         "failed = 0\n"

@@ -9,7 +9,7 @@ import pytest
 from memkernel import mlir_kernel
 from memkernel.testing.rounding import reference_arguments, rounding, unit_roundoff
 
-from . import kernels
+from .. import kernels
 
 F32 = np.float32
 

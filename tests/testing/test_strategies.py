@@ -12,7 +12,7 @@ from memkernel import mlir_kernel
 from memkernel.testing import arguments, assert_matches
 from memkernel.testing.strategies import laid_out
 
-from . import kernels
+from .. import kernels
 
 FAST = settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -11,7 +11,7 @@ from memkernel import SignatureError, mlir_kernel
 from memkernel.testing import check_equivalent
 from memkernel.testing.equivalence import _default_name, with_pipeline
 
-from . import kernels
+from .. import kernels
 
 
 @pytest.fixture(scope="module")
