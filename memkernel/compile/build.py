@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ..fastpath.emitter import fast_path
+from .fast_path import fast_path
 from ..load.compiled import CompiledFunction
 from ..model.kernel_spec import KernelSpec
 from ..options import KernelOptions

@@ -29,7 +29,7 @@ from ..stdio import may_print
 from .pipeline import Pipeline, add_llvm_c_interface, lower
 from ..analysis.source import MLIR_LOCK, ParsedSource, parse_source
 from .stderr import stderr_written
-from ..fastpath.emitter import FastPath, attach, lowered_function, lowered_function_type
+from .fast_path import FastPath, attach, lowered_function, lowered_function_type
 from ..analysis.types import read_signature
 from ..model.signature import Signature
 

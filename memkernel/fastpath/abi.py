@@ -1,6 +1,6 @@
 """Where CPython and numpy keep the fields the compiled fast path reads.
 
-The fast path (see :mod:`memkernel.fastpath.emitter`) reads numpy arrays,
+The fast path (see :mod:`memkernel.compile.fast_path`) reads numpy arrays,
 tuples, floats and ints directly in machine code. The offsets in :class:`Layout`
 are those of CPython 3.10-3.13 (standard, GIL builds) and numpy's
 ``PyArrayObject_fields``; the compiled entry also allocates outputs with

@@ -86,7 +86,7 @@ class FastFunction:
 
 
 def entry_builtin(name: str, address: int, fallback: Callable[..., Any], path_cell: np.ndarray) -> Any:
-    """The compiled entry (see :func:`~memkernel.fastpath.emitter.fast_path`) as a builtin function ``name``.
+    """The compiled entry (see :func:`~memkernel.compile.fast_path.fast_path`) as a builtin function ``name``.
 
     Called as the kernel is, ``entry(*inputs, out=out)``, it runs the kernel
     and returns its output (None for an in-place kernel), writing

@@ -1,7 +1,7 @@
 """What compiled code and the Python call path agree on: the fast path's symbols, and which path a call took.
 
 :class:`FastSymbols` is the part of a generated fast path (see
-:mod:`memkernel.fastpath.emitter`) that the process binding it needs: kept in
+:mod:`memkernel.compile.fast_path`) that the process binding it needs: kept in
 the disk cache with the object code, so a cached kernel binds its fast path
 without generating it again. :class:`CallPath` is the marker a call leaves in
 its kernel's path cell, the compiled entry's included.

@@ -1,7 +1,7 @@
 """What each argument of a kernel accepts: one contract per argument, read by both call paths.
 
 The checked Python path (:mod:`memkernel.call.binders`) and the compiled fast
-path (:mod:`memkernel.fastpath.emitter`) enforce the same rules. Each rule's
+path (:mod:`memkernel.compile.fast_path`) enforce the same rules. Each rule's
 *parameters* (which dtypes, which rank, which static dims and strides, which
 flags, which range) are decided here, once, from the signature and the write
 analysis; the two paths only apply them, one in Python and one in machine

@@ -4,7 +4,7 @@ reshapes of arguments (:mod:`memkernel.model.views`) the rules also name.
 :mod:`memkernel.analysis.shapes` derives them from the IR at decoration, and
 :func:`named_rules` from the dim names of the Python signature. Both call paths
 check them before every call: the checked path through :meth:`ShapeRules.check`,
-the compiled fast path through the code :mod:`memkernel.fastpath.emitter`
+the compiled fast path through the code :mod:`memkernel.compile.fast_path`
 derives from the same rules (a kernel with rules on views takes the checked path).
 """
 

@@ -49,15 +49,15 @@ from dataclasses import dataclass
 import numpy as np
 from mlir import ir
 
-from ..compile.guard import runner_name
+from .guard import runner_name
 from ..load.guard import FRAME_SIZE as GUARD_FRAME_SIZE
 from ..model.contract import BufferContract, Contract, ScalarContract
 from ..model.kernel_spec import KernelSpec
 from ..model.shapes import Dim
 from ..model.signature import ArgSpec, MemRefSpec, ScalarSpec, UnrankedSpec
-from .abi import LAYOUT, has_c_function
-from .constants import FIRST_DTYPE, Slot
-from .symbols import CallPath, FastSymbols
+from ..fastpath.abi import LAYOUT, has_c_function
+from ..fastpath.constants import FIRST_DTYPE, Slot
+from ..fastpath.symbols import CallPath, FastSymbols
 
 
 @dataclass(frozen=True)
