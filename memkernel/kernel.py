@@ -176,7 +176,6 @@ class Kernel:
     def _compiled_function(self, fast_wanted: bool) -> CompiledFunction:
         """The compiled kernel: from this process's cache, from the disk cache, or compiled now."""
         options, name = self.options, self.spec.name
-        callbacks = {f"_mlir_ciface_{c}": bound.address for c, bound in self._callbacks.items()}
 
         def compile_now(keep_object: bool) -> tuple[CompiledFunction, Entry | None]:
             with _needs_compiler(name, "compiling it (no cache holds its code)"):
@@ -186,9 +185,9 @@ class Kernel:
                              {c: bound.address for c, bound in self._callbacks.items()})
             return compiled, compiled.entry
 
-        def load_entry(entry: Entry) -> CompiledFunction | None:
+        def load_entry(entry: Entry) -> CompiledFunction | None:  # only kernels without callbacks are cached
             try:
-                return load_function(entry, name, callbacks)
+                return load_function(entry, name)
             except ObjectLoadError:
                 return None
 

@@ -105,8 +105,7 @@ class Invoker:
     def running(cls, spec: KernelSpec, allocator: OutputAllocator, run: Run) -> Invoker:
         """An invoker whose calls, bound and with their outputs given, go to ``run`` (an isolated call): it has
         neither a checked plan nor a fast path of its own."""
-        invoker = cls(spec, None, None, allocator, lambda _: run)
-        return invoker
+        return cls(spec, None, None, allocator, lambda _: run)
 
     @property
     def last_path(self) -> Literal["fast", "checked"] | None:

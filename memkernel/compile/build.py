@@ -11,11 +11,7 @@ from ..model.kernel_spec import KernelSpec
 from ..options import KernelOptions
 from . import worker
 from .engine import compile_function, lowered_text
-from .pipeline import Pipeline, parse_pipeline
-
-
-def _pipeline(options: KernelOptions) -> Pipeline:
-    return parse_pipeline(options.pipeline, options.parallel, options.schedule, options.checked_wanted)
+from .pipeline import pipeline_of
 
 
 def build(options: KernelOptions, spec: KernelSpec, shared_libs: Sequence[str], fast_wanted: bool,
@@ -24,11 +20,11 @@ def build(options: KernelOptions, spec: KernelSpec, shared_libs: Sequence[str], 
     kernel's argument kinds allow one) in the compile worker, and link it here. ``callbacks`` maps
     declarations to the addresses of the functions that define them. Raises CompileError."""
     fast = fast_path(spec, spec.signature.results) if fast_wanted else None
-    return compile_function(options.source, spec.name, _pipeline(options), options.opt_level, shared_libs, fast,
+    return compile_function(options.source, spec.name, pipeline_of(options), options.opt_level, shared_libs, fast,
                             keep_object, callbacks, options.llvm_options)
 
 
 def lowered(options: KernelOptions, name: str, callbacks: tuple[str, ...], stage: str) -> str:
     """Kernel ``name`` of ``options.source`` lowered to ``stage`` in the compile worker, as MLIR text."""
     return worker.run(options.llvm_options, f"lowering @{name} to stage {stage!r}", lowered_text, options.source,
-                      name, _pipeline(options), callbacks, stage)
+                      name, pipeline_of(options), callbacks, stage)

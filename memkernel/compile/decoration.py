@@ -13,7 +13,7 @@ from ..analysis.types import read_signature
 from ..model.kernel_spec import KernelIR
 from ..model.signature import Signature
 from ..options import KernelOptions
-from .pipeline import check_before_lowering, parse_pipeline
+from .pipeline import check_before_lowering, pipeline_of
 
 
 def read_kernel(options: KernelOptions, requested: str | None,
@@ -22,7 +22,7 @@ def read_kernel(options: KernelOptions, requested: str | None,
     and the parsed source; ``parameters`` name its inputs in messages. Raises CompileError for a pass
     pipeline that does not parse, MLIRSyntaxError for a source that does not, SignatureError for a kernel
     memkernel cannot call."""
-    pipeline = parse_pipeline(options.pipeline, options.parallel, options.schedule, options.checked_wanted)
+    pipeline = pipeline_of(options)
     parsed = parse_source(options.source)
     kernel = analyse(parsed, kernel_name(parsed, requested), parameters)
     with MLIR_LOCK, parsed.context:

@@ -42,7 +42,7 @@ from . import allocations, i1_storage
 from ..diagnostics import format_diagnostics
 from ..model.dtypes import SMALL_FLOAT_NAMES, SUB_BYTE_FLOAT_BITS
 from ..errors import CompileError, SignatureError
-from ..options import SCHEDULES, check_pipeline_choice
+from ..options import SCHEDULES, KernelOptions, check_pipeline_choice
 from .division_checks import add_division_checks
 from .presets import PRESETS, fingerprint
 from ..analysis.ir_callbacks import walk
@@ -241,6 +241,11 @@ def parse_pipeline(pipeline: str | None, parallel: bool = False, schedule: str |
         presets = ", ".join(map(repr, PRESETS))
         raise CompileError(f"pipeline= does not parse as a pass pipeline or name a preset ({presets}): {exc}") from None
     return Pipeline("custom", text, schedule=schedule, checked=checked)
+
+
+def pipeline_of(options: KernelOptions) -> Pipeline:
+    """The :class:`Pipeline` a kernel made with ``options`` is lowered with (see :func:`parse_pipeline`)."""
+    return parse_pipeline(options.pipeline, options.parallel, options.schedule, options.checked_wanted)
 
 
 def _run(text: str, module: ir.Module, source: str) -> None:

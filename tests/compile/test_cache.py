@@ -61,9 +61,9 @@ def loads(monkeypatch):
     calls = []
     real = memkernel.kernel.load_function
 
-    def counting(entry, name, symbols):
+    def counting(entry, name, *symbols):
         calls.append(name)
-        return real(entry, name, symbols)
+        return real(entry, name, *symbols)
 
     monkeypatch.setattr(memkernel.kernel, "load_function", counting)
     return calls
