@@ -69,17 +69,51 @@ def _defines(path: str | None, symbol: str) -> bool:
         return False
 
 
+class _Info(ctypes.Structure):
+    _fields_ = [("fname", ctypes.c_char_p), ("fbase", ctypes.c_void_p), ("sname", ctypes.c_char_p),
+                ("saddr", ctypes.c_void_p)]
+
+
+_RUNTIME_FILES = {f"lib{name}.so" for name in RUNTIME_LIBRARIES}
+
+
+def _runtime_in_process(symbol: str) -> str | None:
+    """The runtime library (of :data:`RUNTIME_LIBRARIES`) that this process already resolves ``symbol`` to,
+    or None: LLVM loads the libraries a kernel links into the process's global scope, where the next
+    kernel's symbols would otherwise resolve without the library being recorded."""
+    try:
+        address = ctypes.cast(getattr(_open(None), symbol), ctypes.c_void_p).value
+    except AttributeError:
+        return None
+    info = _Info()
+    if not address or not _libc.dladdr(ctypes.c_void_p(address), ctypes.byref(info)) or not info.fname:
+        return None
+    path = os.fsdecode(info.fname)
+    return path if os.path.basename(path) in _RUNTIME_FILES else None
+
+
+_libc = ctypes.CDLL(None)
+
+
 def libraries_for(symbols: Iterable[str], linked: Sequence[str]) -> tuple[tuple[str, ...], list[str]]:
     """Runtime libraries to add so that ``symbols`` resolve, and the symbols nothing defines.
 
-    A symbol resolves if the process or a library in ``linked`` defines it;
+    A symbol resolves if a library in ``linked`` or the process defines it;
     otherwise the first of :data:`RUNTIME_LIBRARIES` that defines it is added.
+    A runtime library already in the process that defines it is added too, so
+    that the object links where the process has not loaded it (a later process
+    reading the disk cache), and the list tells which runtime it calls.
     """
     added: list[str] = []
     unresolved: list[str] = []
     runtime = [path for path in map(find_library, RUNTIME_LIBRARIES) if path is not None]
     for symbol in symbols:
-        if any(_defines(path, symbol) for path in (None, *linked, *added)):
+        if any(_defines(path, symbol) for path in (*linked, *added)):
+            continue
+        if _defines(None, symbol):
+            loaded = _runtime_in_process(symbol)
+            if loaded is not None:
+                added.append(loaded)
             continue
         provider = next((path for path in runtime if _defines(path, symbol)), None)
         if provider is None:
