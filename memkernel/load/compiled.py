@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from . import guard
+from . import guard, tasks
 from ..fastpath.symbols import FastSymbols
 from .cache import Entry
 from .initializers import Construction
@@ -46,9 +46,16 @@ def load_function(entry: Entry, name: str, symbols: Mapping[str, int] | None = N
     """Kernel ``name`` from ``entry``'s object code, linked here.
 
     ``symbols`` defines names the object calls (callbacks' ``_mlir_ciface_<name>``).
+    An object that links the async runtime (a parallel kernel's) starts its tasks through
+    :mod:`memkernel.load.tasks`, which counts them, and its code is freed only once none runs.
     Raises ObjectLoadError if LLVM cannot load or link it.
     """
-    loaded = LoadedObject(entry.code, entry.libraries, symbols)
+    runtime = tasks.async_runtime(entry.libraries)
+    if runtime is None:
+        loaded = LoadedObject(entry.code, entry.libraries, symbols)
+    else:
+        counted = {**(symbols or {}), **tasks.symbols(runtime)}
+        loaded = LoadedObject(entry.code, entry.libraries, counted, busy=tasks.running)
     address = loaded.symbol(f"_mlir__mlir_ciface_{name}")
     guard_address = 0
     if entry.guarded:

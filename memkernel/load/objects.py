@@ -82,6 +82,12 @@ def libllvm() -> ctypes.CDLL:
         "LLVMGetHostCPUName": ([], _P),
         "LLVMGetHostCPUFeatures": ([], _P),
         "LLVMDisposeMessage": ([_P], None),
+        "LLVMContextCreate": ([], _P),
+        "LLVMParseIRInContext": ([_P, _P, ctypes.POINTER(_P), ctypes.POINTER(_P)], ctypes.c_int),
+        "LLVMOrcCreateNewThreadSafeContextFromLLVMContext": ([_P], _P),
+        "LLVMOrcCreateNewThreadSafeModule": ([_P, _P], _P),
+        "LLVMOrcLLJITAddLLVMIRModule": ([_P, _P, _P], _P),
+        "LLVMOrcDisposeThreadSafeContext": ([_P], None),
     }
     for name, (argtypes, restype) in signatures.items():
         function = getattr(library, name)
@@ -90,7 +96,8 @@ def libllvm() -> ctypes.CDLL:
     return library
 
 
-def _message(pointer: int, dispose: str) -> str:
+def message(pointer: int, dispose: str) -> str:
+    """The text of LLVM's message at ``pointer``, which ``dispose`` (an LLVM function's name) then frees."""
     text = ctypes.string_at(pointer).decode(errors="replace")
     getattr(libllvm(), dispose)(pointer)
     return text
@@ -100,7 +107,7 @@ def _message(pointer: int, dispose: str) -> str:
 def host_cpu() -> str:
     """The host CPU's name and features as LLVM sees them: compiled code is specific to them."""
     llvm = libllvm()
-    return _message(llvm.LLVMGetHostCPUName(), "LLVMDisposeMessage") + ";" + _message(
+    return message(llvm.LLVMGetHostCPUName(), "LLVMDisposeMessage") + ";" + message(
         llvm.LLVMGetHostCPUFeatures(), "LLVMDisposeMessage")
 
 
@@ -108,9 +115,10 @@ class ObjectLoadError(Exception):
     """LLVM refused to load or link a cached object."""
 
 
-def _check(error: int | None) -> None:
+def check(error: int | None) -> None:
+    """Raise ObjectLoadError with LLVM's message if ``error`` (an ``LLVMErrorRef``) is set."""
     if error:
-        raise ObjectLoadError(_message(error, "LLVMDisposeErrorMessage"))
+        raise ObjectLoadError(message(error, "LLVMDisposeErrorMessage"))
 
 
 class _Teardown:
@@ -145,11 +153,37 @@ def _run_pending() -> None:
         teardown.run()
 
 
-def _dispose(jit: ctypes.c_void_p, teardown: _Teardown) -> None:
+_parked: list[tuple[ctypes.c_void_p, _Teardown, Callable[[], int]]] = []
+"""Released JITs whose code a thread may still run in: each is freed once its ``busy()`` reads 0. Taken out
+with ``list.remove``, atomic under the GIL, so each is freed once; no lock, which a finalizer run by a
+collection inside the locked section would wait on for good."""
+
+
+def _free(jit: ctypes.c_void_p, teardown: _Teardown) -> None:
     teardown.run()
     error = libllvm().LLVMOrcDisposeLLJIT(jit)
     if error:  # the session's teardown failed; nothing more can be freed or reported from a finalizer
-        _message(error, "LLVMDisposeErrorMessage")
+        message(error, "LLVMDisposeErrorMessage")
+
+
+def _free_parked() -> None:
+    """Free the parked JITs that no thread runs in any more."""
+    for parked in list(_parked):
+        if parked[2]():
+            continue
+        try:
+            _parked.remove(parked)
+        except ValueError:  # another thread took it
+            continue
+        _free(parked[0], parked[1])
+
+
+def _dispose(jit: ctypes.c_void_p, teardown: _Teardown, busy: Callable[[], int] | None) -> None:
+    if busy is not None:
+        _parked.append((jit, teardown, busy))
+    else:
+        _free(jit, teardown)
+    _free_parked()
 
 
 class LoadedObject:
@@ -161,31 +195,37 @@ class LoadedObject:
 
     The JIT, and with it the object's code, lives as long as this object: it is
     freed (``LLVMOrcDisposeLLJIT``) when this object is collected, so whoever
-    calls the code must hold this object. It is not freed at interpreter exit;
+    calls the code must hold this object. Code that other threads may still be
+    running when the object goes (a parallel kernel's, whose tasks return to the
+    async runtime's pool after the call has returned) gives ``busy``, which counts
+    them: the JIT is then kept until ``busy()`` reads 0, as seen at a later load
+    or release. It is not freed at interpreter exit;
     what :meth:`at_release` registered runs then, or before the JIT is freed.
     Raises ObjectLoadError if LLVM cannot create the JIT or load the object.
     """
 
-    def __init__(self, code: bytes, libraries: tuple[str, ...], symbols: Mapping[str, int] | None = None) -> None:
+    def __init__(self, code: bytes, libraries: tuple[str, ...], symbols: Mapping[str, int] | None = None,
+                 busy: Callable[[], int] | None = None) -> None:
+        _free_parked()
         llvm = libllvm()
         self._jit = _P()
-        _check(llvm.LLVMOrcCreateLLJIT(ctypes.byref(self._jit), None))
+        check(llvm.LLVMOrcCreateLLJIT(ctypes.byref(self._jit), None))
         self._teardown = _Teardown()
-        self._release = weakref.finalize(self, _dispose, self._jit, self._teardown)
+        self._release = weakref.finalize(self, _dispose, self._jit, self._teardown, busy)
         self._release.atexit = False
         dylib = llvm.LLVMOrcLLJITGetMainJITDylib(self._jit)
         generator = _P()
-        _check(llvm.LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess(ctypes.byref(generator), b"\0", None, None))
+        check(llvm.LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess(ctypes.byref(generator), b"\0", None, None))
         llvm.LLVMOrcJITDylibAddGenerator(dylib, generator)
         for path in libraries:
             generator = _P()
-            _check(llvm.LLVMOrcCreateDynamicLibrarySearchGeneratorForPath(
+            check(llvm.LLVMOrcCreateDynamicLibrarySearchGeneratorForPath(
                 ctypes.byref(generator), path.encode(), b"\0", None, None))
             llvm.LLVMOrcJITDylibAddGenerator(dylib, generator)
         if symbols:
             self._define(dylib, symbols)
         buffer = llvm.LLVMCreateMemoryBufferWithMemoryRangeCopy(code, len(code), b"memkernel")
-        _check(llvm.LLVMOrcLLJITAddObjectFile(self._jit, dylib, buffer))
+        check(llvm.LLVMOrcLLJITAddObjectFile(self._jit, dylib, buffer))
 
     def _define(self, dylib: int, symbols: Mapping[str, int]) -> None:
         """Define ``symbols`` (name to address: functions the object calls) in ``dylib``, before the object."""
@@ -198,7 +238,7 @@ class LoadedObject:
         error = llvm.LLVMOrcJITDylibDefine(dylib, unit)
         if error:  # the unit is still ours
             llvm.LLVMOrcDisposeMaterializationUnit(unit)
-        _check(error)
+        check(error)
 
     def at_release(self, function: Callable[[], object]) -> None:
         """Call ``function`` once, before the code is freed or at the interpreter's exit, whichever comes
@@ -208,5 +248,5 @@ class LoadedObject:
     def symbol(self, name: str) -> int:
         """Address of ``name``; ObjectLoadError if it is missing or does not link."""
         address = ctypes.c_uint64()
-        _check(libllvm().LLVMOrcLLJITLookup(self._jit, ctypes.byref(address), name.encode()))
+        check(libllvm().LLVMOrcLLJITLookup(self._jit, ctypes.byref(address), name.encode()))
         return address.value

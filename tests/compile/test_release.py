@@ -172,3 +172,39 @@ def test_freeing_a_parallel_kernel_leaves_the_next_one_working(kept, tmp_path):
     """), tmp_path / "cache", hint=" (an ExecutionEngine must not be given libmlir_async_runtime: "
                                "engine.py passes shared_libs=objects.engine_libraries(libs))")
     assert out.strip() == "alive"
+
+
+def test_a_parallel_kernels_code_outlives_the_tasks_it_left_running(tmp_path):
+    """A call returns while a task it started still runs in the kernel's code (a pool thread returns there
+    after marking its token ready, or here, a task nothing awaits): freeing the code at once crashed that
+    thread (SIGSEGV). The code is freed after the task comes back, at the next load."""
+    out = run_script("""
+        import time
+        import memkernel.load.objects
+        spawn = mlir_kernel('''
+            func.func @spawn(%x: memref<1xf64>, %n: index) {
+              %t = async.execute {
+                %c0 = arith.constant 0 : index
+                %c1 = arith.constant 1 : index
+                %one = arith.constant 1.0 : f64
+                scf.for %i = %c0 to %n step %c1 {
+                  %v = memref.load %x[%c0] : memref<1xf64>
+                  %w = arith.addf %v, %one : f64
+                  memref.store %w, %x[%c0] : memref<1xf64>
+                }
+                async.yield
+              }
+              return
+            }''', parallel=True, cache=False)(lambda x, n: None)
+        x = np.zeros(1)
+        spawn(x, 10**8)
+        del spawn
+        gc.collect()
+        parked = len(memkernel.load.objects._parked)
+        while x[0] < 10**8:
+            time.sleep(0.01)
+        time.sleep(0.1)
+        run(*source())
+        print(parked, len(memkernel.load.objects._parked), x[0])
+    """, tmp_path / "cache")
+    assert out.split() == ["1", "0", str(float(10**8))]
