@@ -28,10 +28,12 @@ def _is_sparse(t: ir.Type) -> bool:
 
 
 def _types(op: ir.Operation) -> list[ir.Type]:
+    """The types of ``op``'s operands and results, and of its signature if it is a function (a declaration too)."""
     types = [v.type for v in op.operands] + [r.type for r in op.results]
-    for region in op.regions:
-        for block in region.blocks:
-            types += [a.type for a in block.arguments]
+    if "function_type" in op.attributes:
+        signature = ir.TypeAttr(op.attributes["function_type"]).value
+        if isinstance(signature, ir.FunctionType):
+            types += list(signature.inputs) + list(signature.results)
     return types
 
 
