@@ -4,7 +4,10 @@ The ``"default"`` preset lowers what upstream CPU code uses: linalg (to loops),
 affine, scf, vector, arith, math (with libm), complex, memref (with
 ``expand-strided-metadata``), index, cf, ub and func. A module with tensors is
 first bufferized (one-shot, across function boundaries, identity layouts at
-the boundary) with ownership-based deallocation of its temporaries. It runs in two halves;
+the boundary) with ownership-based deallocation of its temporaries. Only where
+the module has them (see :mod:`memkernel.analysis.lowerings`): sparse tensors are
+sparsified and bufferized by ``sparsification-and-bufferization`` instead, the
+``async`` dialect is lowered to the async runtime, and ``vector.mask`` ops are lowered. It runs in two halves;
 between them memkernel rewrites ``i1`` memref accesses to byte accesses (the
 LLVM 22 lowering of ``i1`` loads and stores aborts the process) and, when the
 module does arithmetic on small float types (f8, f6, f4), adds
