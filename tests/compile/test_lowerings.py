@@ -187,3 +187,25 @@ def test_plain_kernel_is_lowered_without_the_optional_passes() -> None:
 def test_async_kernel_is_lowered_with_the_async_runtime_passes() -> None:
     text = pre_lowering(False, _needs(ASYNC_TWICE))
     assert "async-to-async-runtime" in text and "convert-async-to-llvm" in text
+
+
+ASYNC_CALLBACK = """
+func.func private @note(memref<?xf32>)
+func.func @notes(%x: memref<?xf32>) {
+  %t = async.execute {
+    func.call @note(%x) : (memref<?xf32>) -> ()
+    async.yield
+  }
+  async.await %t : !async.token
+  return
+}
+"""
+
+
+def test_callback_error_on_an_async_worker_is_raised_by_the_call() -> None:
+    def note(a: np.ndarray) -> None:
+        raise RuntimeError("from the callback")
+
+    notes = mlir_kernel(ASYNC_CALLBACK, callbacks={"note": note})(lambda x: None)
+    with pytest.raises(RuntimeError, match="from the callback"):
+        notes(np.ones(3, np.float32))
