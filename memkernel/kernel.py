@@ -73,7 +73,6 @@ class Kernel:
                              if hasattr(function, "__code__") else None)
         self.options = options
         self._shared_libs = resolve_libraries(os.fspath(lib) for lib in options.shared_libs)
-        self._pending = PendingErrors(parallel=options.parallel)
         requested = options.name or (None if function.__name__ == "<lambda>" else function.__name__)
         kernel_ir, self._callbacks = self._read(requested)
         self.spec: KernelSpec = bind(kernel_ir, function)
@@ -87,6 +86,7 @@ class Kernel:
         options = self.options
         if options.callbacks:  # bound to this process's functions: read afresh, never cached
             kernel_ir, parsed = _read_kernel(options, requested, self._function)
+            self._pending = _pending_errors(options, kernel_ir)
             with _needs_compiler(kernel_ir.name, "binding callbacks"):
                 from .compile.decoration import declarations
 
@@ -99,6 +99,7 @@ class Kernel:
                 kernel_ir, _ = _read_kernel(options, requested, self._function)
                 if folder is not None and key is not None:
                     folder.write(key, ".mks", codec.dumps(kernel_ir).encode())
+        self._pending = _pending_errors(options, kernel_ir)
         return kernel_ir, {}
 
     @property
@@ -388,6 +389,12 @@ def _decoration_key(options: KernelOptions, requested: str | None) -> CacheKey:
     """The key of what decoration reads of kernel ``requested`` (None: the source's only function)."""
     return CacheKey.of(kind="decoration", source=_source_digest(options.source), function=requested,
                        pipeline=_pipeline_fields(options))
+
+
+def _pending_errors(options: KernelOptions, kernel_ir: KernelIR) -> PendingErrors:
+    """Where the kernel's callbacks keep their errors: their calls one at a time when it runs on the async
+    runtime's workers (``parallel=True``, or ``async`` ops of its own), whose callbacks run off the calling thread."""
+    return PendingErrors(parallel=options.parallel or kernel_ir.asynchronous)
 
 
 def _cached_ir(folder: kernel_cache.Folder, key: CacheKey) -> KernelIR | None:

@@ -311,13 +311,13 @@ def _lowered_by(stages: list[list[str]], at: int, inputs: list[str], earlier: li
 def run_lines(text: str) -> list[RunLine]:
     """The RUN lines of an MLIR test file that call an entry point, as :class:`RunLine` s.
 
-    A ``mlir-runner`` line runs what ``mlir-opt`` lowered, piped in or written by an earlier line
-    (``-o %t``): the file's transform schedule is applied only if that ``mlir-opt`` runs the
+    A ``mlir-runner`` line runs what ``mlir-opt`` lowered, piped in or written by an earlier line, or an
+    earlier command of its line (``-o %t && mlir-runner %t``): the file's transform schedule is applied only if that ``mlir-opt`` runs the
     transform interpreter. Under lit's ``not`` the entry is expected to fail; with ``2>&1`` its
     stderr is checked too."""
     found: list[RunLine] = []
     earlier: list[list[list[str]]] = []
-    for line, command in _commands(text):
+    for line, command in ((line, part) for line, whole in _commands(text) for part in whole.split("&&")):
         stages = [shlex.split(stage) for stage in command.split("|")]
         earlier.append(stages)
         at = next((k for k, stage in enumerate(stages) if _is_runner(_without_not(stage)[0])), None)

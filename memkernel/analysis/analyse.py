@@ -1,6 +1,6 @@
 """Reading a kernel's IR at decoration into a :class:`~memkernel.model.kernel_spec.KernelIR`: its signature,
 which memref arguments it may write (:mod:`memkernel.analysis.writes`), which dims of its arguments must
-agree (:mod:`memkernel.analysis.shapes`)."""
+agree (:mod:`memkernel.analysis.shapes`), whether it runs on the async runtime (:mod:`memkernel.analysis.lowerings`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from ..errors import SignatureError
 from ..model.kernel_spec import KernelIR, output_names
 from ..model.shapes import ShapeRules
 from ..model.signature import ScalarSpec
+from .lowerings import needs
 from .shapes import ir_rules
 from .source import MLIR_LOCK, ParsedSource
 from .types import read_signature
@@ -50,4 +51,5 @@ def analyse(parsed: ParsedSource, name: str, parameters: Sequence[str] = ()) -> 
         called = (list(parameters[:len(signature.args)]) + output_names(len(signature.args) - len(parameters))
                   if parameters else [])
         rules = ir_rules(parsed.module, name, signature.args, called) if buffers else ShapeRules((), (), {}, ())
-    return KernelIR(name, signature, written, rules)
+        asynchronous = needs(parsed.module.operation).asynchronous
+    return KernelIR(name, signature, written, rules, asynchronous)

@@ -45,7 +45,9 @@ from ..model.views import Size, View
 _DYNAMIC = -(1 << 63)
 """How a slice's static offsets, sizes and strides mark a dynamic one (``ShapedType::kDynamic``)."""
 
-SHAPE_PRESERVING = frozenset({"memref.cast", "tensor.cast", "bufferization.to_tensor", "bufferization.to_buffer"})
+SHAPE_PRESERVING = frozenset({"memref.cast", "tensor.cast", "bufferization.to_tensor", "bufferization.to_buffer",
+                              "sparse_tensor.convert"})
+"""Ops whose result has the shape (and, but for a sparse convert, the memory) of their first operand."""
 _CONDITIONAL = frozenset({"scf.if", "scf.index_switch"})
 
 

@@ -4,7 +4,10 @@ The ``"default"`` preset lowers what upstream CPU code uses: linalg (to loops),
 affine, scf, vector, arith, math (with libm), complex, memref (with
 ``expand-strided-metadata``), index, cf, ub and func. A module with tensors is
 first bufferized (one-shot, across function boundaries, identity layouts at
-the boundary) with ownership-based deallocation of its temporaries. It runs in two halves;
+the boundary) with ownership-based deallocation of its temporaries. Only where
+the module has them (see :mod:`memkernel.analysis.lowerings`): sparse tensors are
+sparsified and bufferized by ``sparsification-and-bufferization`` instead, the
+``async`` dialect is lowered to the async runtime, and ``vector.mask`` ops are lowered. It runs in two halves;
 between them memkernel rewrites ``i1`` memref accesses to byte accesses (the
 LLVM 22 lowering of ``i1`` loads and stores aborts the process) and, when the
 module does arithmetic on small float types (f8, f6, f4), adds
@@ -46,6 +49,7 @@ from ..options import SCHEDULES, KernelOptions, check_pipeline_choice
 from .division_checks import add_division_checks
 from .presets import PRESETS, fingerprint
 from ..analysis.ir_callbacks import walk
+from ..analysis.lowerings import Needs, needs
 from ..analysis.types import llvm_function_types
 from ..analysis.source import MLIR_LOCK, shared_context
 
@@ -56,14 +60,20 @@ _PARALLEL_LOOPS = (
     "func.func(convert-linalg-to-parallel-loops),"
     "scf-forall-to-parallel,"
     "async-parallel-for{{async-dispatch=false num-workers={workers} min-task-size=1024}},"
+)
+_ASYNC_RUNTIME = (
+    "async-func-to-async-runtime,"
     "async-to-async-runtime,"
     "async-runtime-ref-counting,"
     "async-runtime-ref-counting-opt,"
 )
+_MASKS = "func.func(lower-vector-mask),"
 _PRE = (
     "builtin.module("
     "{loops}"
+    "{asynchronous}"
     "func.func(lower-vector-multi-reduction),"
+    "{masks}"
     "convert-vector-to-scf,"
     "arith-emulate-unsupported-floats{{source-types=bf16 target-type=f32}},"
     "arith-expand{{include-bf16=true}},"
@@ -76,12 +86,16 @@ _PRE = (
 )
 
 
-def pre_lowering(parallel: bool) -> str:
-    """The first half of the preset lowering: to loops (parallel ones on a thread pool) and branches."""
-    if not parallel:
-        return _PRE.format(loops=_SERIAL_LOOPS, runtime="")
-    loops = _PARALLEL_LOOPS.format(workers=os.cpu_count() or 1)
-    return _PRE.format(loops=loops, runtime=",convert-async-to-llvm")
+def pre_lowering(parallel: bool, wanted: Needs) -> str:
+    """The first half of the preset lowering: to loops (parallel ones on a thread pool) and branches.
+
+    The async runtime's lowering runs for ``parallel`` loops and for a module that needs it (``wanted``: one
+    with ``async`` ops); ``vector.mask`` ops are lowered when it has some.
+    """
+    loops = _PARALLEL_LOOPS.format(workers=os.cpu_count() or 1) if parallel else _SERIAL_LOOPS
+    on_runtime = parallel or wanted.asynchronous
+    return _PRE.format(loops=loops, asynchronous=_ASYNC_RUNTIME if on_runtime else "",
+                       masks=_MASKS if wanted.masks else "", runtime=",convert-async-to-llvm" if on_runtime else "")
 
 
 _BUFFERIZE = (
@@ -95,6 +109,18 @@ _BUFFERIZE = (
     "convert-bufferization-to-memref,"
     "canonicalize)"
 )
+_SPARSIFY = (
+    "builtin.module("
+    "func.func(linalg-generalize-named-ops),"
+    "func.func(linalg-fuse-elementwise-ops),"
+    "sparsification-and-bufferization,"
+    "sparse-storage-specifier-to-llvm,"
+    "func.func(canonicalize),"
+    "func.func(expand-realloc))"
+)
+"""What upstream's ``sparsifier`` pipeline does before its lowering to LLVM: sparse code generation and
+bufferization (with function boundaries and identity layouts, as :data:`_BUFFERIZE`), then the storage
+specifiers' lowering; the module's sparse tensors live in buffers it allocates and frees itself."""
 _APFLOAT = "convert-arith-to-apfloat,"
 _POST = (
     "builtin.module("
@@ -421,7 +447,9 @@ def lower(module: ir.Module, pipeline: Pipeline, source: str, until: str = "llvm
     for strategy in strategies:
         if strategy.on_tensors:
             module = strategy.applied(module, pipeline.parallel)
-    if uses_tensors(module):
+    if needs(module.operation).sparse:
+        _run(_SPARSIFY, module, source)
+    elif uses_tensors(module):
         _run(_BUFFERIZE, module, source)
     _scheduled(module, pipeline, source, "after-bufferization")
     if pipeline.checked:
@@ -434,7 +462,7 @@ def lower(module: ir.Module, pipeline: Pipeline, source: str, until: str = "llvm
     if until == "vectorized":
         return module
     allocations.check_sizes(module)
-    _run(pre_lowering(pipeline.parallel), module, source)
+    _run(pre_lowering(pipeline.parallel, needs(module.operation)), module, source)
     i1_storage.lower_i1_accesses(module)
     if until == "loops":
         return module

@@ -24,12 +24,14 @@ from .signature import ArgSpec, MemRefSpec, ScalarSpec, Signature
 @dataclass(frozen=True)
 class KernelIR:
     """What the kernel's IR says, read once at decoration: its signature, the memref arguments it may
-    write, and the rules its ops put on its arguments' dims (no dim names yet)."""
+    write, the rules its ops put on its arguments' dims (no dim names yet), and whether its module runs
+    code on the async runtime's worker threads (it has ``async`` ops), where its callbacks may run too."""
 
     name: str
     signature: Signature
     written: frozenset[int]
     rules: ShapeRules
+    asynchronous: bool
 
 
 _PARAMETER = inspect.Parameter

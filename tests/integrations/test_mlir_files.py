@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import mlir.ir
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 MLIR_FILES = ROOT / "tests" / "mlir"
@@ -34,6 +35,7 @@ def test_every_mlir_file_is_collected_once_per_run_line_and_passes_its_checks() 
     assert run.returncode == 0, run.stdout + run.stderr
     passed = sorted(re.findall(r"(\S+\.mlir::\S+) PASSED", run.stdout))
     assert passed == [
+        "tests/mlir/async_values.mlir::main",
         "tests/mlir/matrix_intrinsic.mlir::main",
         "tests/mlir/memref_sequence.mlir::main",
         "tests/mlir/printed_memref.mlir::main",
@@ -41,16 +43,20 @@ def test_every_mlir_file_is_collected_once_per_run_line_and_passes_its_checks() 
         "tests/mlir/scalar_results.mlir::big",
         "tests/mlir/scalar_results.mlir::half_of_five",
         "tests/mlir/scalar_results.mlir::sum_to_ten",
+        "tests/mlir/sparse_scale.mlir::entry",
         "tests/mlir/transform_schedule.mlir::main",
+        "tests/mlir/unpack_dynamic_inner_tile.mlir::main",
     ]
 
 
-def _upstream(path: Path, passes: list[str], entry: str, result: str) -> str:
+def _upstream(path: Path, passes: list[str], entry: str, result: str, runtimes: tuple[str, ...] = (),
+              runner_options: tuple[str, ...] = ()) -> str:
     lowered = subprocess.run([str(TOOLS / "mlir-opt"), str(path), *passes], capture_output=True, text=True,
                              check=True).stdout
-    libraries = f"{RUNTIME / 'libmlir_c_runner_utils.so'},{RUNTIME / 'libmlir_runner_utils.so'}"
+    libraries = ",".join(str(RUNTIME / f"lib{name}.so") for name in ("mlir_c_runner_utils", "mlir_runner_utils",
+                                                                      *runtimes))
     return subprocess.run([str(TOOLS / "mlir-runner"), "-e", entry, f"-entry-point-result={result}",
-                           f"-shared-libs={libraries}"], input=lowered, capture_output=True, text=True,
+                           f"-shared-libs={libraries}", *runner_options], input=lowered, capture_output=True, text=True,
                           check=True).stdout
 
 
@@ -106,3 +112,31 @@ def test_memkernel_run_prints_complex_memrefs_as_mlir_runner_does(tmp_path: Path
     expected = _upstream(path, passes, "entry", "void")
     assert "(10,5)" in expected and "(20,5)" in expected
     assert _without_addresses(_memkernel_run(path, "entry", "void")) == _without_addresses(expected)
+
+
+def test_memkernel_run_prints_what_the_sparsifier_and_mlir_runner_print_for_a_sparse_kernel() -> None:
+    path = MLIR_FILES / "sparse_scale.mlir"
+    expected = _upstream(path, ["--sparsifier=enable-runtime-library=true"], "entry", "void")
+    assert "( 2, 2, 2, 4, 6, 8, 2, 10, 2, 2, 12, 2, 14, 2, 2, 16 )" in expected
+    assert _memkernel_run(path, "entry", "void") == expected
+
+
+_ASYNC_PASSES = ["--pass-pipeline=builtin.module(async-to-async-runtime,func.func(async-runtime-ref-counting,"
+                 "async-runtime-ref-counting-opt),convert-async-to-llvm,func.func(convert-arith-to-llvm),"
+                 "convert-vector-to-llvm,finalize-memref-to-llvm,convert-func-to-llvm,convert-cf-to-llvm,"
+                 "reconcile-unrealized-casts)"]
+
+
+def test_memkernel_run_prints_what_mlir_runner_prints_for_async_values() -> None:
+    path = MLIR_FILES / "async_values.mlir"
+    expected = _upstream(path, _ASYNC_PASSES, "main", "void", ("mlir_async_runtime",), ("-O0",))  # as its RUN line
+    assert "123.456" in expected and "[0.5]" in expected
+    assert _without_addresses(_memkernel_run(path, "main", "void")) == _without_addresses(expected)
+
+
+def test_memkernel_run_prints_the_unpacked_tensor_of_a_dynamic_inner_tile() -> None:
+    printed = _memkernel_run(MLIR_FILES / "unpack_dynamic_inner_tile.mlir", "main", "void")
+    rows = re.findall(r"\[([\d, ]+)\]", printed.split("data =", 1)[1])
+    unpacked = np.array([[int(v) for v in row.split(",")] for row in rows])
+    packed = np.arange(1, 22).reshape(3, 7).T  # the file's 1x3x8x1 constant, its padding row dropped
+    np.testing.assert_array_equal(unpacked, packed)

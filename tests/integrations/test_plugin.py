@@ -280,3 +280,9 @@ def test_the_schedule_is_applied_only_where_the_run_lines_mlir_opt_runs_the_inte
     assert "schedule.mlir::main:line1 PASSED" in run.stdout, run.stdout
     assert "schedule.mlir::main:line2 FAILED" in run.stdout
     assert "the module's transform schedule failed" in run.stdout
+
+
+def test_a_runner_chained_with_and_after_the_command_that_wrote_its_file_is_collected_with_its_schedule() -> None:
+    text = ("// RUN: rm -f %t && mlir-opt %s -transform-interpreter | mlir-opt -test-lower-to-llvm -o %t && "
+            "mlir-runner %t -e main -entry-point-result=void | FileCheck %s\n")
+    assert run_lines(text) == [RunLine(1, "main", "void", (), 3, None, ("CHECK",), schedule="before-bufferization")]
