@@ -38,6 +38,7 @@ from .fastpath.builtin import FastFunction, called_through
 from .load import cache as kernel_cache
 from .load.cache import CacheKey, Entry
 from .load.compiled import CompiledFunction, load_function
+from .load.foreign import addresses as foreign_addresses
 from .load.guard import raiser
 from .load.libraries import resolve_libraries
 from .load.objects import ObjectLoadError
@@ -176,18 +177,19 @@ class Kernel:
     def _compiled_function(self, fast_wanted: bool) -> CompiledFunction:
         """The compiled kernel: from this process's cache, from the disk cache, or compiled now."""
         options, name = self.options, self.spec.name
+        foreign = foreign_addresses(self.spec.foreign, name)
 
         def compile_now(keep_object: bool) -> tuple[CompiledFunction, Entry | None]:
             with _needs_compiler(name, "compiling it (no cache holds its code)"):
                 from .compile.build import build
 
             compiled = build(options, self.spec, self._shared_libs, fast_wanted, keep_object,
-                             {c: bound.address for c, bound in self._callbacks.items()})
+                             {c: bound.address for c, bound in self._callbacks.items()}, foreign)
             return compiled, compiled.entry
 
         def load_entry(entry: Entry) -> CompiledFunction | None:  # only kernels without callbacks are cached
             try:
-                return load_function(entry, name)
+                return load_function(entry, name, foreign)
             except ObjectLoadError:
                 return None
 

@@ -11,6 +11,7 @@ from ..errors import SignatureError
 from ..model.kernel_spec import KernelIR, output_names
 from ..model.shapes import ShapeRules
 from ..model.signature import ScalarSpec
+from .foreign import foreign_symbols
 from .shapes import ir_rules
 from .source import MLIR_LOCK, ParsedSource
 from .types import read_signature
@@ -50,4 +51,5 @@ def analyse(parsed: ParsedSource, name: str, parameters: Sequence[str] = ()) -> 
         called = (list(parameters[:len(signature.args)]) + output_names(len(signature.args) - len(parameters))
                   if parameters else [])
         rules = ir_rules(parsed.module, name, signature.args, called) if buffers else ShapeRules((), (), {}, ())
-    return KernelIR(name, signature, written, rules)
+        foreign = foreign_symbols(parsed)
+    return KernelIR(name, signature, written, rules, foreign)
