@@ -128,13 +128,16 @@ def _placeholder() -> ctypes.c_void_p:
 
 
 def object_code(source: str, name: str, pipeline: Pipeline, opt_level: int, shared_libs: tuple[str, ...],
-                fast: FastPath | None, callbacks: tuple[str, ...], foreign: tuple[str, ...] = ()) -> ObjectCode:
+                fast: FastPath | None, callbacks: tuple[str, ...], foreign: tuple[str, ...] = (),
+                target_cpu: str | None = None) -> ObjectCode:
     """In the compile worker: parse, lower and compile ``source``'s kernel ``name`` into object code.
 
     ``fast``, when given, is compiled into the same module (if the lowered
     signature allows it). ``callbacks`` are declarations bound to Python
     functions, which the caller defines when it links the object, as it does
-    the ``foreign`` symbols (see :mod:`memkernel.load.foreign`). Raises
+    the ``foreign`` symbols (see :mod:`memkernel.load.foreign`). ``target_cpu``
+    (an LLVM CPU name such as ``x86-64-v3``) compiles for that CPU and its
+    features instead of the host's. Raises
     CompileError with MLIR's diagnostics (and what LLVM wrote on stderr).
     """
     parsed = parse_source(source)
@@ -149,6 +152,8 @@ def object_code(source: str, name: str, pipeline: Pipeline, opt_level: int, shar
         if fast is not None:
             attach(parsed.module, fast, guard.runner(fast.kernel, fast.operand_types, fast.result_type,
                                                      guarded=contained is not None))
+        if target_cpu is not None:
+            for_cpu(parsed.module, target_cpu)
         defined_later = {f"_mlir_ciface_{callback}" for callback in callbacks} | set(foreign)
         externals = [f for f in external_functions(parsed.module) if f not in defined_later]
         added, unresolved = libraries.libraries_for(externals, shared_libs)
@@ -171,6 +176,15 @@ def object_code(source: str, name: str, pipeline: Pipeline, opt_level: int, shar
     code = _object_code(engine)
     _trial_link(name, code, libs, (*defined_later, *unresolved))
     return ObjectCode(code, fast is not None, tuple(externals), contained is not None, has_initializers)
+
+
+def for_cpu(module: ir.Module, cpu: str) -> None:
+    """Have every function of the lowered ``module`` compiled for ``cpu``, with that CPU's features only: a
+    function's own ``target-features`` replace the JIT's (the host's), which it would otherwise keep."""
+    for op in module.body.operations:
+        if op.operation.name == "llvm.func" and len(op.regions[0].blocks) > 0:
+            op.attributes["target_cpu"] = ir.StringAttr.get(cpu)
+            op.attributes["target_features"] = ir.Attribute.parse('#llvm.target_features<["+cx8"]>')
 
 
 def _trial_link(name: str, code: bytes, libs: Sequence[str], placeholders: Sequence[str]) -> None:

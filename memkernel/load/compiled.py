@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from . import guard
 from ..fastpath.symbols import FastSymbols
@@ -48,7 +49,12 @@ def load_function(entry: Entry, name: str, symbols: Mapping[str, int] | None = N
     ``symbols`` defines names the object calls (callbacks' ``_mlir_ciface_<name>``).
     Raises ObjectLoadError if LLVM cannot load or link it.
     """
-    loaded = LoadedObject(entry.code, entry.libraries, symbols)
+    return bind_function(LoadedObject(entry.code, entry.libraries, symbols), entry, name)
+
+
+def bind_function(loaded: Any, entry: Entry, name: str) -> CompiledFunction:
+    """Kernel ``name`` of code already loaded (``loaded`` has ``symbol(name)`` and ``at_release(function)``, as a
+    :class:`~memkernel.load.objects.LoadedObject` and a built artifact's shared object have), as ``entry`` says."""
     address = loaded.symbol(f"_mlir__mlir_ciface_{name}")
     guard_address = 0
     if entry.guarded:
