@@ -85,7 +85,7 @@ def test_ciface_memref_result_is_an_array(library):
 def test_two_dimensional_transposed_view_reaches_a_strided_argument_uncopied(shared):
     @memkernel.extern(shared, "func.func private @row_sums(%a: memref<?x?xf32, strided<[?, ?], offset: ?>> "
                               "{memkernel.read_only}, %o: memref<?xf32>)")
-    def row_sums(a: "M N") -> "M": ...  # noqa: F821
+    def row_sums(a: "M N") -> "M": ...  # noqa: F821, F722
 
     a = np.arange(12, dtype=np.float32).reshape(3, 4)
     np.testing.assert_array_equal(row_sums(a.T), a.T.sum(axis=1))
