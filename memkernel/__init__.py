@@ -29,6 +29,7 @@ from .errors import (
     SignatureError,
     ValueRangeError,
 )
+from .foreign import extern
 from .kernel import Kernel, mlir_kernel
 
 __version__ = "0.1.0"
@@ -52,5 +53,6 @@ __all__ = [
     "SignatureError",
     "ValueRangeError",
     "__version__",
+    "extern",
     "mlir_kernel",
 ]

@@ -946,6 +946,36 @@ def add_run_command(commands: Any, common: argparse.ArgumentParser) -> None:
     run.set_defaults(run=run_run)
 
 
+BUILD_EXAMPLE = """example:
+  memkernel build mypackage.kernels --target-cpu x86-64-v3
+  # writes mypackage/_memkernel/: ship it as package data (see the README's "Shipping kernels")
+"""
+
+
+def run_build(options: argparse.Namespace) -> int:
+    from .compile.artifacts import build
+
+    for built in build(options.module, options.output, options.target_cpu):
+        print(f"{built.module}.{built.name}: {built.path}")
+    return 0
+
+
+def add_build_command(commands: Any, common: argparse.ArgumentParser) -> None:
+    """The ``build`` subcommand: a module's kernels compiled into artifacts a package ships."""
+    build = commands.add_parser("build", parents=[common], help="build a module's kernels for shipping",
+                                epilog=BUILD_EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                description="Import MODULE and compile every kernel it defines at its top level "
+                                            "into a shared object, with a manifest that @mlir_kernel reads where "
+                                            "the MLIR bindings are not installed.")
+    build.add_argument("module", metavar="MODULE", help="a dotted module name, or a .py file")
+    build.add_argument("--target-cpu", default=None, metavar="CPU",
+                       help="build for an x86-64 level (x86-64, x86-64-v2, x86-64-v3, x86-64-v4) rather than "
+                            "this machine's CPU")
+    build.add_argument("-o", dest="output", default=None, metavar="DIR",
+                       help="where to write the artifacts (default: _memkernel beside the module)")
+    build.set_defaults(run=run_build)
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -991,6 +1021,7 @@ def parser() -> argparse.ArgumentParser:
                        help="time N batches of calls (default: as many as fit in a second)")
     bench.set_defaults(run=run_bench)
     add_run_command(commands, common)
+    add_build_command(commands, common)
     return top
 
 

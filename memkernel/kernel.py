@@ -15,6 +15,7 @@ builds the :class:`~memkernel.call.invoker.Invoker` that runs every call.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import inspect
@@ -35,9 +36,11 @@ from .call.plan import CallPlan
 from .call.results import ResultReader
 from .fastpath import abi
 from .fastpath.builtin import FastFunction, called_through
+from .load import artifacts
 from .load import cache as kernel_cache
 from .load.cache import CacheKey, Entry
 from .load.compiled import CompiledFunction, load_function
+from .load.foreign import addresses as foreign_addresses
 from .load.guard import raiser
 from .load.libraries import resolve_libraries
 from .load.objects import ObjectLoadError
@@ -73,8 +76,10 @@ class Kernel:
                              if hasattr(function, "__code__") else None)
         self.options = options
         self._shared_libs = resolve_libraries(os.fspath(lib) for lib in options.shared_libs)
+        self._artifact: artifacts.Artifact | None = None
         requested = options.name or (None if function.__name__ == "<lambda>" else function.__name__)
         kernel_ir, self._callbacks = self._read(requested)
+        self.kernel_ir = kernel_ir  # what decoration read of the IR: what memkernel build ships
         self.spec: KernelSpec = bind(kernel_ir, function)
         self.__signature__ = self.spec.python_signature
         self._invoker: Invoker | None = None
@@ -92,6 +97,31 @@ class Kernel:
 
             return kernel_ir, bind_callbacks(declarations(parsed), options.callbacks, self._pending,
                                              kernel=kernel_ir.name)
+        kernel_ir = self._read_built_or_cached(requested) if options.cache else self._read_cached(requested)
+        self._pending = _pending_errors(options, kernel_ir)
+        return kernel_ir, {}
+
+    def _read_built_or_cached(self, requested: str | None) -> KernelIR:
+        """The kernel's IR from its built artifact (see :mod:`memkernel.load.artifacts`), else as
+        :meth:`_read_cached` reads it."""
+        options = self.options
+        self._artifact, digest = artifacts.find(getattr(self._function, "__module__", None),
+                                                artifact_fields(options, requested, self._shared_libs),
+                                                requested or "mlir_kernel")
+        if self._artifact is not None:
+            return self._artifact.kernel_ir
+        try:
+            return self._read_cached(requested)
+        except MissingDependencyError as exc:
+            raise MissingDependencyError(
+                f"{exc} Or build the package's kernels ahead of time with memkernel build: no built artifact "
+                f"has this kernel's key {digest} (looked in "
+                f"{', '.join(artifacts.folders(getattr(self._function, '__module__', None))) or 'no folder'})."
+            ) from exc.__cause__
+
+    def _read_cached(self, requested: str | None) -> KernelIR:
+        """The kernel's IR from the disk cache, or read now by the compiler (and then cached)."""
+        options = self.options
         key = _decoration_key(options, requested) if options.cache else None
         with kernel_cache.disk_cache() as folder:
             kernel_ir = _cached_ir(folder, key) if folder is not None and key is not None else None
@@ -99,8 +129,7 @@ class Kernel:
                 kernel_ir, _ = _read_kernel(options, requested, self._function)
                 if folder is not None and key is not None:
                     folder.write(key, ".mks", codec.dumps(kernel_ir).encode())
-        self._pending = _pending_errors(options, kernel_ir)
-        return kernel_ir, {}
+        return kernel_ir
 
     @property
     def _name(self) -> str:
@@ -177,18 +206,24 @@ class Kernel:
     def _compiled_function(self, fast_wanted: bool) -> CompiledFunction:
         """The compiled kernel: from this process's cache, from the disk cache, or compiled now."""
         options, name = self.options, self.spec.name
+        artifact = self._artifact
+        if artifact is not None and artifact.spec == spec_digest(self.spec):
+            compiled = artifact.load()
+            return compiled if fast_wanted else dataclasses.replace(compiled, fast=None, fast_address=0,
+                                                                    consts_address=0)
+        foreign = foreign_addresses(self.spec.foreign, name)
 
         def compile_now(keep_object: bool) -> tuple[CompiledFunction, Entry | None]:
             with _needs_compiler(name, "compiling it (no cache holds its code)"):
                 from .compile.build import build
 
             compiled = build(options, self.spec, self._shared_libs, fast_wanted, keep_object,
-                             {c: bound.address for c, bound in self._callbacks.items()})
+                             {c: bound.address for c, bound in self._callbacks.items()}, foreign)
             return compiled, compiled.entry
 
         def load_entry(entry: Entry) -> CompiledFunction | None:  # only kernels without callbacks are cached
             try:
-                return load_function(entry, name)
+                return load_function(entry, name, foreign)
             except ObjectLoadError:
                 return None
 
@@ -202,7 +237,7 @@ class Kernel:
                 pipeline=_pipeline_fields(options),
                 opt_level=options.opt_level,
                 shared_libs=list(self._shared_libs),
-                spec=codec.digest((self.spec.signature, self.spec.contracts, self.spec.shapes)),
+                spec=spec_digest(self.spec),
                 fast_path=fast_wanted,
                 llvm_options=list(options.llvm_options),
             )
@@ -383,6 +418,18 @@ def _pipeline_fields(options: KernelOptions) -> dict[str, Any]:
     files, which the key's code digest covers)."""
     return {"pipeline": options.pipeline, "parallel": os.cpu_count() if options.parallel else 0,
             "schedule": options.schedule, "checked": options.checked_wanted}
+
+
+def spec_digest(spec: KernelSpec) -> str:
+    """A digest of what a kernel's compiled code depends on in its spec (the fast path reads the contracts)."""
+    return codec.digest((spec.signature, spec.contracts, spec.shapes))
+
+
+def artifact_fields(options: KernelOptions, requested: str | None, shared_libs: Sequence[str]) -> dict[str, Any]:
+    """What a built artifact of kernel ``requested`` is looked up by (see :mod:`memkernel.load.artifacts`)."""
+    return {"kind": "artifact", "source": _source_digest(options.source), "function": requested,
+            "pipeline": _pipeline_fields(options), "opt_level": options.opt_level,
+            "llvm_options": list(options.llvm_options), "shared_libs": list(shared_libs)}
 
 
 def _decoration_key(options: KernelOptions, requested: str | None) -> CacheKey:

@@ -11,6 +11,7 @@ from ..errors import SignatureError
 from ..model.kernel_spec import KernelIR, output_names
 from ..model.shapes import ShapeRules
 from ..model.signature import ScalarSpec
+from .foreign import foreign_symbols
 from .lowerings import needs
 from .shapes import ir_rules
 from .source import MLIR_LOCK, ParsedSource
@@ -52,4 +53,5 @@ def analyse(parsed: ParsedSource, name: str, parameters: Sequence[str] = ()) -> 
                   if parameters else [])
         rules = ir_rules(parsed.module, name, signature.args, called) if buffers else ShapeRules((), (), {}, ())
         asynchronous = needs(parsed.module.operation).asynchronous
-    return KernelIR(name, signature, written, rules, asynchronous)
+        foreign = foreign_symbols(parsed)
+    return KernelIR(name, signature, written, rules, asynchronous, foreign)

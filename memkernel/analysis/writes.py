@@ -4,7 +4,9 @@ memkernel sometimes has to pass a copy of an argument (a non-contiguous view
 to an identity-layout memref). A copy the kernel may have written is copied back
 into the caller's array; one the IR proves read-only is not. The analysis is
 conservative: any use it does not know counts as a write. Calls to functions
-defined in the same module are followed into the callee.
+defined in the same module are followed into the callee; a call to a declaration
+writes every memref it is given, except the arguments the declaration marks
+``{memkernel.read_only}`` (a promise about code memkernel cannot read).
 
 A value may be written when some value it flows into (itself, a view of it, the
 callee argument it is passed as) has a use that writes. That is reachability in
@@ -23,6 +25,7 @@ from collections import defaultdict
 
 from mlir import ir
 
+from ..model.foreign import READ_ONLY_ATTRIBUTE
 from .ir_callbacks import walk
 
 # Ops that read the memref at the given operand positions and write nothing through it.
@@ -80,13 +83,18 @@ class _Analysis:
     def __init__(self, module: ir.Operation) -> None:
         self.uses: dict[ir.Value, list[tuple[ir.Operation, int]]] = defaultdict(list)
         self.bodies: dict[str, ir.Block] = {}
+        self.read_only: dict[str, frozenset[int]] = {}  # per declaration, the arguments marked read-only
         self.answers: dict[ir.Value, bool] = {}
 
         def visit(op: ir.Operation) -> ir.WalkResult:
             for position, operand in enumerate(op.operands):
                 self.uses[operand].append((op, position))
-            if op.name == "func.func" and len(op.regions[0].blocks) > 0:
-                self.bodies[ir.StringAttr(op.attributes["sym_name"]).value] = op.regions[0].blocks[0]
+            if op.name == "func.func":
+                name = ir.StringAttr(op.attributes["sym_name"]).value
+                if len(op.regions[0].blocks) > 0:
+                    self.bodies[name] = op.regions[0].blocks[0]
+                else:
+                    self.read_only[name] = _marked_read_only(op)
             return ir.WalkResult.ADVANCE
 
         walk(module, visit)
@@ -123,10 +131,21 @@ class _Analysis:
         if name in _READS and position in _READS[name]:
             return []
         if name == "func.call":
-            callee = self.bodies.get(ir.FlatSymbolRefAttr(op.attributes["callee"]).value)
-            return None if callee is None else [callee.arguments[position]]
+            called = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
+            callee = self.bodies.get(called)
+            if callee is None:
+                return [] if position in self.read_only.get(called, ()) else None
+            return [callee.arguments[position]]
         inputs = _linalg_inputs(op)
         return None if inputs is None or position >= inputs else []
+
+
+def _marked_read_only(declaration: ir.Operation) -> frozenset[int]:
+    """The arguments of a ``func.func`` declaration that carry ``{memkernel.read_only}``."""
+    if "arg_attrs" not in declaration.attributes:
+        return frozenset()
+    return frozenset(i for i, attrs in enumerate(ir.ArrayAttr(declaration.attributes["arg_attrs"]))
+                     if READ_ONLY_ATTRIBUTE in ir.DictAttr(attrs))
 
 
 def written_arguments(module: ir.Module, function: str) -> frozenset[int]:

@@ -15,13 +15,15 @@ from .pipeline import pipeline_of
 
 
 def build(options: KernelOptions, spec: KernelSpec, shared_libs: Sequence[str], fast_wanted: bool,
-          keep_object: bool, callbacks: Mapping[str, int]) -> CompiledFunction:
+          keep_object: bool, callbacks: Mapping[str, int],
+          foreign: Mapping[str, int] | None = None) -> CompiledFunction:
     """Compile ``spec``'s kernel of ``options.source`` (with its fast path if ``fast_wanted`` and the
     kernel's argument kinds allow one) in the compile worker, and link it here. ``callbacks`` maps
-    declarations to the addresses of the functions that define them. Raises CompileError."""
+    declarations to the addresses of the functions that define them, ``foreign`` the foreign symbols the
+    kernel calls to theirs. Raises CompileError."""
     fast = fast_path(spec, spec.signature.results) if fast_wanted else None
     return compile_function(options.source, spec.name, pipeline_of(options), options.opt_level, shared_libs, fast,
-                            keep_object, callbacks, options.llvm_options)
+                            keep_object, callbacks, options.llvm_options, foreign)
 
 
 def lowered(options: KernelOptions, name: str, callbacks: tuple[str, ...], stage: str) -> str:

@@ -128,12 +128,16 @@ def _placeholder() -> ctypes.c_void_p:
 
 
 def object_code(source: str, name: str, pipeline: Pipeline, opt_level: int, shared_libs: tuple[str, ...],
-                fast: FastPath | None, callbacks: tuple[str, ...]) -> ObjectCode:
+                fast: FastPath | None, callbacks: tuple[str, ...], foreign: tuple[str, ...] = (),
+                target_cpu: str | None = None) -> ObjectCode:
     """In the compile worker: parse, lower and compile ``source``'s kernel ``name`` into object code.
 
     ``fast``, when given, is compiled into the same module (if the lowered
     signature allows it). ``callbacks`` are declarations bound to Python
-    functions, which the caller defines when it links the object. Raises
+    functions, which the caller defines when it links the object, as it does
+    the ``foreign`` symbols (see :mod:`memkernel.load.foreign`). ``target_cpu``
+    (an LLVM CPU name such as ``x86-64-v3``) compiles for that CPU and its
+    features instead of the host's. Raises
     CompileError with MLIR's diagnostics (and what LLVM wrote on stderr).
     """
     parsed = parse_source(source)
@@ -148,7 +152,9 @@ def object_code(source: str, name: str, pipeline: Pipeline, opt_level: int, shar
         if fast is not None:
             attach(parsed.module, fast, guard.runner(fast.kernel, fast.operand_types, fast.result_type,
                                                      guarded=contained is not None))
-        defined_later = {f"_mlir_ciface_{callback}" for callback in callbacks}
+        if target_cpu is not None:
+            for_cpu(parsed.module, target_cpu)
+        defined_later = {f"_mlir_ciface_{callback}" for callback in callbacks} | set(foreign)
         externals = [f for f in external_functions(parsed.module) if f not in defined_later]
         added, unresolved = libraries.libraries_for(externals, shared_libs)
         libs = (*shared_libs, *added)
@@ -170,6 +176,15 @@ def object_code(source: str, name: str, pipeline: Pipeline, opt_level: int, shar
     code = _object_code(engine)
     _trial_link(name, code, libs, (*defined_later, *unresolved))
     return ObjectCode(code, fast is not None, tuple(externals), contained is not None, has_initializers)
+
+
+def for_cpu(module: ir.Module, cpu: str) -> None:
+    """Have every function of the lowered ``module`` compiled for ``cpu``, with that CPU's features only: a
+    function's own ``target-features`` replace the JIT's (the host's), which it would otherwise keep."""
+    for op in module.body.operations:
+        if op.operation.name == "llvm.func" and len(op.regions[0].blocks) > 0:
+            op.attributes["target_cpu"] = ir.StringAttr.get(cpu)
+            op.attributes["target_features"] = ir.Attribute.parse('#llvm.target_features<["+cx8"]>')
 
 
 def _trial_link(name: str, code: bytes, libs: Sequence[str], placeholders: Sequence[str]) -> None:
@@ -210,6 +225,7 @@ def compile_function(
     keep_object: bool = False,
     callbacks: Mapping[str, int] | None = None,
     llvm_options: Sequence[str] = (),
+    foreign: Mapping[str, int] | None = None,
 ) -> CompiledFunction:
     """Compile ``source``'s kernel ``name`` in the compile worker and link it here.
 
@@ -218,19 +234,20 @@ def compile_function(
     code for the disk cache. ``callbacks`` maps declarations to the addresses
     of the functions that define them (see :mod:`memkernel.call.callbacks`).
     ``llvm_options`` picks the worker (see :mod:`memkernel.compile.worker`).
+    ``foreign`` maps the foreign symbols the object calls to their addresses (see :mod:`memkernel.load.foreign`).
     CompileError with MLIR's diagnostics on failure, or if the worker crashed.
     """
-    callbacks = callbacks or {}
+    callbacks, foreign = callbacks or {}, foreign or {}
     made = worker.run(llvm_options, f"compiling @{name}", object_code, source, name, pipeline, opt_level,
-                      tuple(shared_libs), fast, tuple(callbacks))
-    added, unresolved = libraries.libraries_for(made.externals, shared_libs)
+                      tuple(shared_libs), fast, tuple(callbacks), tuple(foreign))
+    added, unresolved = libraries.libraries_for([e for e in made.externals if e not in foreign], shared_libs)
     if unresolved:
         raise _unresolved_error(name, unresolved)
     entry = Entry(made.code, (*shared_libs, *added), fast.symbols if fast is not None and made.fast else None,
                   may_print(made.externals), made.guarded,
                   made.initializers)
     try:
-        compiled = load_function(entry, name, {f"_mlir_ciface_{c}": a for c, a in callbacks.items()})
+        compiled = load_function(entry, name, {**{f"_mlir_ciface_{c}": a for c, a in callbacks.items()}, **foreign})
     except ObjectLoadError as exc:
         raise CompileError(f"JIT compilation of @{name} failed: its code did not link: {exc}. A function it "
                            "calls may be missing: pass the library that defines it in shared_libs=.") from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from . import guard, tasks
 from ..fastpath.symbols import FastSymbols
@@ -56,6 +57,12 @@ def load_function(entry: Entry, name: str, symbols: Mapping[str, int] | None = N
     else:
         counted = {**(symbols or {}), **tasks.symbols(runtime)}
         loaded = LoadedObject(entry.code, entry.libraries, counted, busy=tasks.running)
+    return bind_function(loaded, entry, name)
+
+
+def bind_function(loaded: Any, entry: Entry, name: str) -> CompiledFunction:
+    """Kernel ``name`` of code already loaded (``loaded`` has ``symbol(name)`` and ``at_release(function)``, as a
+    :class:`~memkernel.load.objects.LoadedObject` and a built artifact's shared object have), as ``entry`` says."""
     address = loaded.symbol(f"_mlir__mlir_ciface_{name}")
     guard_address = 0
     if entry.guarded:

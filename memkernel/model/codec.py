@@ -19,6 +19,7 @@ import numpy as np
 
 from .contract import BufferContract, ScalarContract
 from .dtypes import ElementType, dtype_named, element_named
+from .foreign import ForeignSymbol
 from .kernel_spec import KernelIR
 from .shapes import AffineBound, Bound, Dim, ShapeRules, Tie
 from .signature import MemRefSpec, ScalarSpec, Signature, Strided, UnrankedSpec
@@ -26,7 +27,7 @@ from .views import Reach, Size, Split, View
 
 _TYPES: dict[str, type] = {cls.__name__: cls for cls in (
     KernelIR, Signature, MemRefSpec, UnrankedSpec, ScalarSpec, Strided, Tie, Bound, AffineBound, Dim,
-    ShapeRules, BufferContract, ScalarContract, View, Size, Split, Reach)}
+    ShapeRules, BufferContract, ScalarContract, View, Size, Split, Reach, ForeignSymbol)}
 
 
 class CodecError(ValueError):

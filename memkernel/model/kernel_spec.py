@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import SignatureError
 from .contract import BufferContract, Contract, contract_for
+from .foreign import ForeignSymbol
 from .shapes import Dim, ShapeRules, named_rules
 from .signature import ArgSpec, MemRefSpec, ScalarSpec, Signature
 
@@ -24,14 +25,16 @@ from .signature import ArgSpec, MemRefSpec, ScalarSpec, Signature
 @dataclass(frozen=True)
 class KernelIR:
     """What the kernel's IR says, read once at decoration: its signature, the memref arguments it may
-    write, the rules its ops put on its arguments' dims (no dim names yet), and whether its module runs
-    code on the async runtime's worker threads (it has ``async`` ops), where its callbacks may run too."""
+    write, the rules its ops put on its arguments' dims (no dim names yet), whether its module runs
+    code on the async runtime's worker threads (it has ``async`` ops), where its callbacks may run too, and
+    the foreign symbols it calls (see :mod:`memkernel.model.foreign`)."""
 
     name: str
     signature: Signature
     written: frozenset[int]
     rules: ShapeRules
     asynchronous: bool
+    foreign: tuple[ForeignSymbol, ...] = ()
 
 
 _PARAMETER = inspect.Parameter
@@ -52,6 +55,7 @@ class KernelSpec:
     MLIR arguments; the trailing ones are outputs. ``written`` holds the
     indices of the memref arguments the kernel may write. ``contracts`` has
     one entry per MLIR argument. ``shapes`` says which of their dims must agree.
+    ``foreign`` are the foreign symbols the kernel calls (see :mod:`memkernel.model.foreign`).
     """
 
     name: str
@@ -60,6 +64,7 @@ class KernelSpec:
     written: frozenset[int]
     contracts: tuple[Contract, ...]
     shapes: ShapeRules
+    foreign: tuple[ForeignSymbol, ...] = ()
 
     @property
     def overlap_pairs(self) -> tuple[tuple[int, int], ...]:
@@ -173,4 +178,4 @@ def bind(ir: KernelIR, function: Callable[..., Any]) -> KernelSpec:
     )
     named, names, outputs = named_rules(name, parameters, returned, signature.args)
     shapes = dataclasses.replace(ir.rules, ties=ir.rules.ties + tuple(named), names=names, output_names=outputs)
-    return KernelSpec(name, signature, parameters, written, contracts, shapes)
+    return KernelSpec(name, signature, parameters, written, contracts, shapes, ir.foreign)

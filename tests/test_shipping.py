@@ -1,0 +1,198 @@
+"""``memkernel build``: a package's kernels built ahead of time, shipped as package data, and called where the
+MLIR bindings (and LLVM) are not installed, with every check and the fast path."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from memkernel.cli import main
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+PACKAGE = '''
+"""Two kernels, built by memkernel build and shipped in _memkernel/."""
+from memkernel import mlir_kernel
+
+@mlir_kernel("""
+func.func @add(%a: memref<?xf32>, %b: memref<?xf32>, %o: memref<?xf32>) {
+  linalg.add ins(%a, %b : memref<?xf32>, memref<?xf32>) outs(%o : memref<?xf32>)
+  return
+}""")
+def add(a, b): ...
+
+@mlir_kernel("""
+func.func @matmul(%a: memref<?x?xf32>, %b: memref<?x?xf32>, %c: memref<?x?xf32>) {
+  linalg.matmul ins(%a, %b : memref<?x?xf32>, memref<?x?xf32>) outs(%c : memref<?x?xf32>)
+  return
+}""", pipeline="fast")
+def matmul(a, b): ...
+'''
+
+PYPROJECT = '''
+[build-system]
+requires = ["setuptools>=77"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "shipped"
+version = "0.1.0"
+dependencies = ["memkernel-runtime"]
+
+[tool.setuptools]
+packages = ["shipped"]
+
+[tool.setuptools.package-data]
+shipped = ["_memkernel/*"]
+'''
+
+CALLER = textwrap.dedent("""
+    import sys, time
+    if "no-mlir" in sys.argv:
+        sys.modules["mlir"] = None
+    started = time.perf_counter()
+    import numpy as np
+    numpy_imported = time.perf_counter()
+    import shipped
+    a = np.arange(5, dtype=np.float32)
+    added = shipped.add(a, a)
+    first_call = time.perf_counter()
+    assert np.array_equal(added, a + a), added
+    x = np.random.default_rng(0).standard_normal((37, 19)).astype(np.float32)
+    y = np.random.default_rng(1).standard_normal((19, 23)).astype(np.float32)
+    assert np.allclose(shipped.matmul(x, y), x @ y, rtol=1e-5, atol=1e-5)
+    path = shipped.matmul.invoker.last_path
+    import memkernel
+    try:
+        shipped.add(a, a[:4])
+        shape_error = "none"
+    except memkernel.ShapeError as exc:
+        shape_error = str(exc)
+    print("mlir" in sys.modules and sys.modules["mlir"] is not None, path, shape_error, sep="\\n")
+    print(1000 * (first_call - numpy_imported))
+""")
+
+
+def _package(folder):
+    os.makedirs(folder / "shipped")
+    (folder / "shipped" / "__init__.py").write_text(PACKAGE)
+    (folder / "pyproject.toml").write_text(PYPROJECT)
+
+
+def _build(folder, *arguments):
+    return subprocess.run([sys.executable, "-m", "memkernel", "build", "shipped", *arguments], cwd=folder,
+                          env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{folder}"}, capture_output=True,
+                          text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("package")
+    _package(folder)
+    done = _build(folder, "--target-cpu", "x86-64-v2")
+    assert done.returncode == 0, done.stderr
+    return folder
+
+
+def _call(folder, *arguments, env=None):
+    return subprocess.run([sys.executable, "-c", CALLER, *arguments], cwd=folder, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{folder}", "MEMKERNEL_CACHE_DIR": "",
+                               **(env or {})}, timeout=300)
+
+
+def test_build_writes_a_manifest_and_one_shared_object_per_kernel(built):
+    files = sorted(os.listdir(built / "shipped" / "_memkernel"))
+    assert "manifest.json" in files
+    assert len([f for f in files if f.endswith(".x86-64-v2.so")]) == 2
+
+
+def test_built_kernels_run_where_mlir_cannot_be_imported(built):
+    done = _call(built, "no-mlir")
+    assert done.returncode == 0, done.stderr
+    mlir_loaded, path, shape_error, _ = done.stdout.splitlines()
+    assert mlir_loaded == "False"
+    assert path == ("checked" if os.environ.get("MEMKERNEL_FAST_PATH") == "0" else "fast")
+    assert "a has 5 elements on dim 0 but b has 4 on dim 0" in shape_error
+
+
+def test_an_artifact_for_a_cpu_the_host_lacks_is_refused(built, tmp_path):
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-r", str(built), str(copy)], check=True)
+    manifest_path = copy / "shipped" / "_memkernel" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    for kernel in manifest["kernels"].values():
+        for target in kernel["targets"].values():
+            target["requires"].append("no_such_flag")
+    manifest_path.write_text(json.dumps(manifest))
+    done = _call(copy, "no-mlir")
+    assert done.returncode != 0
+    assert "its built artifacts are for CPUs this host is not: x86-64-v2 (needs no_such_flag)" in done.stderr
+
+
+def test_an_edited_artifact_is_refused_never_run(built, tmp_path):
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-r", str(built), str(copy)], check=True)
+    for name in os.listdir(copy / "shipped" / "_memkernel"):
+        if name.endswith(".so"):
+            with open(copy / "shipped" / "_memkernel" / name, "ab") as so:
+                so.write(b"\0")
+    done = _call(copy, "no-mlir")
+    assert done.returncode != 0
+    assert "does not match its manifest" in done.stderr
+
+
+def test_a_kernel_without_artifact_where_mlir_is_missing_names_memkernel_build_and_the_key(tmp_path):
+    _package(tmp_path)
+    done = _call(tmp_path, "no-mlir")
+    assert done.returncode != 0
+    assert "MissingDependencyError" in done.stderr
+    assert "memkernel build" in done.stderr and "no built artifact has this kernel's key " in done.stderr
+
+
+def test_build_help_names_its_options(capsys):
+    with pytest.raises(SystemExit):
+        main(["build", "--help"])
+    shown = capsys.readouterr().out
+    assert "--target-cpu CPU" in shown and "-o DIR" in shown
+
+
+def test_build_for_an_unknown_cpu_is_a_one_line_error(built, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(built))
+    assert main(["build", "shipped", "--target-cpu", "pentium", "-o", str(built / "other")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("memkernel: error: --target-cpu must be one of x86-64, x86-64-v2, x86-64-v3, x86-64-v4")
+    assert err.count("\n") == 1
+
+
+def test_build_of_a_module_that_does_not_import_is_a_one_line_error(capsys):
+    assert main(["build", "no_such_module_here"]) == 1
+    assert capsys.readouterr().err == "memkernel: error: cannot import no_such_module_here: No module named " \
+                                      "'no_such_module_here'\n"
+
+
+def test_build_of_a_module_without_kernels_is_a_one_line_error(capsys):
+    assert main(["build", "json"]) == 1
+    assert capsys.readouterr().err == "memkernel: error: json defines no kernel at its top level (@mlir_kernel).\n"
+
+
+def test_built_package_runs_in_a_fresh_venv_without_the_mlir_wheels(built, tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    python = str(venv / "bin" / "python")
+    for target in (os.path.join(REPO, "runtime"), str(built)):
+        done = subprocess.run([python, "-m", "pip", "install", "-q", target], capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr
+    listed = subprocess.run([python, "-m", "pip", "list"], capture_output=True, text=True, check=True).stdout
+    assert "xtc-" not in listed and "mlir" not in listed.lower()
+    done = subprocess.run([python, "-c", CALLER], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "MEMKERNEL_CACHE_DIR": "", "PYTHONPATH": ""})
+    assert done.returncode == 0, done.stderr
+    mlir_loaded, path, shape_error, milliseconds = done.stdout.splitlines()
+    assert mlir_loaded == "False" and path in ("fast", "checked")
+    assert "a has 5 elements on dim 0 but b has 4 on dim 0" in shape_error
