@@ -23,6 +23,7 @@ from ..errors import SignatureError
 from ..model.contract import BufferContract, ScalarContract
 from ..model.dims import Dim
 from ..model.kernel_spec import KernelSpec
+from ..model.shapes import Bound
 from ..model.signature import MemRefSpec
 
 _NAMES = ("m", "k", "n", "p", "q", "r", "s", "t", "u", "v", "w", "x", "y", "z")
@@ -100,8 +101,8 @@ def _refuse_unsupported(spec: KernelSpec, results: int, callbacks: bool) -> None
                       "results into output memrefs.")
     if callbacks:
         raise _refuse(name, "a kernel with callbacks= cannot be a gufunc: its loop runs without the GIL.")
-    if shapes.bounds or shapes.affine_bounds:
-        reason = (shapes.bounds or shapes.affine_bounds)[0].reason
+    if shapes.affine_bounds:
+        reason = shapes.affine_bounds[0].reason
         raise _refuse(name, f"{reason} needs a dim at least as large as other dims (a window or an offset "
                       "access); a gufunc signature can only say that dims are equal or fixed.")
     if shapes.views:
@@ -142,6 +143,18 @@ def _check_operand(spec: KernelSpec, contract: BufferContract | ScalarContract) 
                               "contiguous cores); use ? for that stride.")
 
 
+def _check_bound(kernel: str, bound: Bound, sizes: dict[Dim, int | None]) -> None:
+    """Accept a bound that the fixed sizes meet (a static access inside a static memref); refuse the others."""
+    dims = [bound.target, *(d for _, d in bound.terms)]
+    known = [sizes.get(d) for d in dims]
+    if None not in known:
+        reach = bound.constant + sum(c * (sizes[d] - 1) for c, d in bound.terms)  # type: ignore[operator]
+        if sizes[bound.target] > reach or any(sizes[d] == 0 for _, d in bound.terms):  # type: ignore[operator]
+            return
+    raise _refuse(kernel, f"{bound.reason} needs a dim at least as large as other dims (a window or an offset "
+                  "access); a gufunc signature can only say that dims are equal or fixed.")
+
+
 def gufunc_layout(spec: KernelSpec, results: int = 0, callbacks: bool = False) -> GufuncLayout:
     """The gufunc layout of ``spec``'s kernel. ``results`` counts its MLIR results, ``callbacks`` tells whether
     it binds callbacks. Raises SignatureError (naming the kernel and the rule) when no signature expresses
@@ -158,6 +171,8 @@ def gufunc_layout(spec: KernelSpec, results: int = 0, callbacks: bool = False) -
     for tie in spec.shapes.ties:
         if tie.b is None:
             fixed.setdefault(classes[tie.a], tie.size)
+    for bound in spec.shapes.bounds:
+        _check_bound(spec.name, bound, {d: fixed.get(r) for d, r in classes.items()})
     for output, sources in zip(spec.contracts[spec.n_inputs:], spec.output_sources()):
         for k, source in enumerate(sources or ()):
             if source is None and classes[Dim(output.index, k)] not in fixed:
