@@ -143,13 +143,17 @@ def _check_operand(spec: KernelSpec, contract: BufferContract | ScalarContract) 
                               "contiguous cores); use ? for that stride.")
 
 
-def _check_bound(kernel: str, bound: Bound, sizes: dict[Dim, int | None]) -> None:
-    """Accept a bound that the fixed sizes meet (a static access inside a static memref); refuse the others."""
-    dims = [bound.target, *(d for _, d in bound.terms)]
-    known = [sizes.get(d) for d in dims]
-    if None not in known:
-        reach = bound.constant + sum(c * (sizes[d] - 1) for c, d in bound.terms)  # type: ignore[operator]
-        if sizes[bound.target] > reach or any(sizes[d] == 0 for _, d in bound.terms):  # type: ignore[operator]
+def _check_bound(kernel: str, bound: Bound, classes: dict[Dim, Dim], fixed: dict[Dim, int]) -> None:
+    """Accept a bound every size the signature allows meets: one the fixed sizes meet (a static access in a
+    static memref), or a dim at least as large as the dim it is tied to; refuse the others."""
+    target = classes[bound.target]
+    if bound.constant <= 0 and len(bound.terms) == 1 and bound.terms[0][0] == 1 \
+            and classes[bound.terms[0][1]] == target:
+        return
+    dims = [target, *(classes[d] for _, d in bound.terms)]
+    if all(d in fixed for d in dims):
+        reach = bound.constant + sum(c * (fixed[classes[d]] - 1) for c, d in bound.terms)
+        if fixed[target] > reach or any(fixed[classes[d]] == 0 for _, d in bound.terms):
             return
     raise _refuse(kernel, f"{bound.reason} needs a dim at least as large as other dims (a window or an offset "
                   "access); a gufunc signature can only say that dims are equal or fixed.")
@@ -172,7 +176,7 @@ def gufunc_layout(spec: KernelSpec, results: int = 0, callbacks: bool = False) -
         if tie.b is None:
             fixed.setdefault(classes[tie.a], tie.size)
     for bound in spec.shapes.bounds:
-        _check_bound(spec.name, bound, {d: fixed.get(r) for d, r in classes.items()})
+        _check_bound(spec.name, bound, classes, fixed)
     for output, sources in zip(spec.contracts[spec.n_inputs:], spec.output_sources()):
         for k, source in enumerate(sources or ()):
             if source is None and classes[Dim(output.index, k)] not in fixed:
