@@ -13,7 +13,10 @@ kernels accumulate) and calls the kernel through its runner
 (``__memkernel_run_<name>``, the guard when the module has one). An operand
 whose core is not C-contiguous (a transposed view, ``axes=``, a broadcast
 core) is copied into a contiguous buffer of its own, and outputs copied back,
-so the kernel only ever sees the contiguous memory its layout assumes.
+so the kernel only ever sees the contiguous memory its layout assumes. An
+output whose core shares memory with an input's at that element (numpy hands
+``out=`` an input as it is) is computed in its buffer and copied back after the
+kernel ran, so the kernel never reads what it has already written.
 
 With ``parallel`` the batch is split into one contiguous range per core, run on
 threads the loop starts (each with its own guard frame and copies) and joins.
@@ -152,7 +155,10 @@ class _Loop:
                 total = e.value(f"llvm.mul {total}, {size} : i64")
             info.update(sizes=sizes, strides=strides, contiguous=contiguous, direct=direct, bytes=total)
             allocate, done, failed = self.fresh("allocate"), self.fresh("allocated"), self.fresh("no_memory")
-            e.op(f"llvm.cond_br {direct}, ^{done}({null} : !llvm.ptr), ^{allocate}")
+            if a.is_output:  # an output may need its buffer for any element: where it overlaps an input
+                e.op(f"llvm.br ^{allocate}")
+            else:
+                e.op(f"llvm.cond_br {direct}, ^{done}({null} : !llvm.ptr), ^{allocate}")
             self.block(allocate)
             asked = e.value(f"llvm.intr.smax({total}, {one}) : (i64, i64) -> i64")
             made = e.value(f"llvm.call {self.slot(GuSlot.MALLOC)}({asked}) : !llvm.ptr, (i64) -> !llvm.ptr")
@@ -180,10 +186,13 @@ class _Loop:
             if a.scalar:
                 values.append(self.scalar(a, base))
                 continue
-            pointer = e.value(f"llvm.select {info['direct']}, {base}, {info['scratch']} : i1, !llvm.ptr")
             if not a.is_output:
+                info["skip"] = info["direct"]
                 self.copy(a, info, gather=True)
             else:
+                info["skip"] = e.value(f"llvm.and {info['direct']}, {self.apart(p, operands)} : i1")
+            pointer = e.value(f"llvm.select {info['skip']}, {base}, {info['scratch']} : i1, !llvm.ptr")
+            if a.is_output:
                 zero = e.const(0, "i8")
                 e.op(f'"llvm.intr.memset"({pointer}, {zero}, {info["bytes"]}) <{{isVolatile = false}}> : '
                      "(!llvm.ptr, i8, i64) -> ()")
@@ -208,6 +217,35 @@ class _Loop:
         copies = "\n".join(self.copy_function(a) for a in layout.args if not a.scalar)
         return f"llvm.func @{_range_name(self.name)}({params}) -> i32 {{\n{e.body()}\n}}\n{copies}"
 
+    def extent(self, a: CoreArg, info: dict[str, object]) -> tuple[str, str]:
+        """The bytes ``[lo, hi)`` operand ``a``'s core spans at this element (``lo == hi`` when it is empty)."""
+        e = self.e
+        zero, one = e.const(0), e.const(1)
+        start = e.value(f"llvm.ptrtoint {info['base']} : !llvm.ptr to i64")
+        low, high = start, e.value(f"llvm.add {start}, {e.const(a.dtype.itemsize)} : i64")
+        empty = e.const(0, "i1")
+        for size, stride in zip(info["sizes"], info["strides"]):  # type: ignore[call-overload]
+            empty = e.value(f"llvm.or {empty}, {e.icmp('eq', size, zero)} : i1")
+            last = e.value(f"llvm.mul {e.value(f'llvm.sub {size}, {one} : i64')}, {stride} : i64")
+            low = e.value(f"llvm.add {low}, {e.value(f'llvm.intr.smin({last}, {zero}) : (i64, i64) -> i64')} : i64")
+            high = e.value(f"llvm.add {high}, {e.value(f'llvm.intr.smax({last}, {zero}) : (i64, i64) -> i64')} : i64")
+        return low, e.value(f"llvm.select {empty}, {low}, {high} : i1, i64")
+
+    def apart(self, p: int, operands: dict[int, dict[str, object]]) -> str:
+        """An i1: output ``p``'s core at this element shares no byte with any input's (numpy passes an ``out=``
+        that is an input as it is; the kernel must not read what it has already written)."""
+        e = self.e
+        output = self.layout.args[p]
+        lo, hi = self.extent(output, operands[p])
+        apart = e.const(1, "i1")
+        for q, a in enumerate(self.layout.args):
+            if a.is_output or a.scalar:
+                continue
+            other_lo, other_hi = self.extent(a, operands[q])
+            disjoint = e.value(f"llvm.or {e.icmp('ule', hi, other_lo)}, {e.icmp('ule', other_hi, lo)} : i1")
+            apart = e.value(f"llvm.and {apart}, {disjoint} : i1")
+        return apart
+
     def scalar(self, a: CoreArg, base: str) -> str:
         if a.llvm_type == "i1":
             byte = self.e.load(base, "i8")
@@ -218,7 +256,7 @@ class _Loop:
         """Copy operand ``a``'s core into its contiguous buffer (``gather``) or back, when it has one."""
         e = self.e
         run, skip = self.fresh("copy"), self.fresh("copied")
-        e.op(f"llvm.cond_br {info['direct']}, ^{skip}, ^{run}")
+        e.op(f"llvm.cond_br {info['skip']}, ^{skip}, ^{run}")
         self.block(run)
         sizes, strides = info["sizes"], info["strides"]
         arguments = [str(info["scratch"]), str(info["base"]), e.const(int(gather), "i1"), *sizes, *strides]  # type: ignore[misc]
