@@ -172,6 +172,9 @@ class _Loop:
             e.lines.append(f"^{done}({scratch}: !llvm.ptr):")
             scratches.append(scratch)
             info["scratch"] = scratch
+        for p, a in enumerate(layout.args):
+            if a.is_output:
+                operands[p]["apart"] = self.range_apart(p, operands)
         e.op("llvm.br ^loop(%start : i64)")
         e.lines.append("^loop(%i: i64):")
         e.op(f"llvm.cond_br {e.icmp('slt', '%i', '%end')}, ^iteration, ^finished")
@@ -190,7 +193,12 @@ class _Loop:
                 info["skip"] = info["direct"]
                 self.copy(a, info, gather=True)
             else:
-                info["skip"] = e.value(f"llvm.and {info['direct']}, {self.apart(p, operands)} : i1")
+                checked, done = self.fresh("overlap"), self.fresh("overlap_known")
+                e.op(f"llvm.cond_br {info['apart']}, ^{done}({true} : i1), ^{checked}")
+                self.block(checked)
+                e.op(f"llvm.br ^{done}({self.apart(p, operands)} : i1)")
+                e.lines.append(f"^{done}(%apart{p}: i1):")
+                info["skip"] = e.value(f"llvm.and {info['direct']}, %apart{p} : i1")
             pointer = e.value(f"llvm.select {info['skip']}, {base}, {info['scratch']} : i1, !llvm.ptr")
             if a.is_output:
                 zero = e.const(0, "i8")
@@ -230,6 +238,37 @@ class _Loop:
             low = e.value(f"llvm.add {low}, {e.value(f'llvm.intr.smin({last}, {zero}) : (i64, i64) -> i64')} : i64")
             high = e.value(f"llvm.add {high}, {e.value(f'llvm.intr.smax({last}, {zero}) : (i64, i64) -> i64')} : i64")
         return low, e.value(f"llvm.select {empty}, {low}, {high} : i1, i64")
+
+    def range_apart(self, p: int, operands: dict[int, dict[str, object]]) -> str:
+        """An i1: output ``p``'s cores over the whole range share no byte with any input's (then no element
+        needs :meth:`apart`); false when the range is empty or the arithmetic could wrap."""
+        e = self.e
+        zero = e.const(0)
+        count = e.value("llvm.sub %end, %start : i64")
+        nonempty = e.icmp("sgt", count, zero)
+        last = e.value(f"llvm.sub {count}, {e.const(1)} : i64")
+        overflows: list[str] = []
+
+        def spread(q: int) -> tuple[str, str]:
+            a, info = self.layout.args[q], operands[q]
+            data = e.load("%args", "!llvm.ptr", 8 * q)
+            moved = e.exact("mul", "%start", str(info["outer"]), overflows)
+            info["base"] = e.value(f"llvm.getelementptr {data}[{moved}] : (!llvm.ptr, i64) -> !llvm.ptr, i8")
+            low, high = self.extent(a, info)
+            reach = e.exact("mul", last, str(info["outer"]), overflows)
+            low = e.exact("add", low, e.value(f"llvm.intr.smin({reach}, {zero}) : (i64, i64) -> i64"), overflows)
+            high = e.exact("add", high, e.value(f"llvm.intr.smax({reach}, {zero}) : (i64, i64) -> i64"), overflows)
+            return low, high
+
+        lo, hi = spread(p)
+        apart = nonempty
+        for q, a in enumerate(self.layout.args):
+            if a.is_output or a.scalar:
+                continue
+            other_lo, other_hi = spread(q)
+            disjoint = e.value(f"llvm.or {e.icmp('ule', hi, other_lo)}, {e.icmp('ule', other_hi, lo)} : i1")
+            apart = e.value(f"llvm.and {apart}, {disjoint} : i1")
+        return e.value(f"llvm.and {apart}, {e.none_of(overflows)} : i1") if overflows else apart
 
     def apart(self, p: int, operands: dict[int, dict[str, object]]) -> str:
         """An i1: output ``p``'s core at this element shares no byte with any input's (numpy passes an ``out=``
