@@ -126,7 +126,7 @@ def test_dim_names_of_the_python_signature_name_the_core_dims() -> None:
     assert kernel.gufunc().signature == "(N),()->(N)"
 
 
-def scale(x: "N", s) -> "N":  # type: ignore[no-untyped-def]
+def scale(x: "N", s) -> "N":  # type: ignore[no-untyped-def]  # noqa: F821
     return None
 
 
@@ -260,7 +260,7 @@ def test_failed_assertion_raises_kernel_assertion_error(parallel: bool) -> None:
     np.testing.assert_array_equal(gufunc(np.abs(x)), np.abs(x))
 
 
-def non_negative(x: "n") -> "n":  # type: ignore[no-untyped-def]
+def non_negative(x: "n") -> "n":  # type: ignore[no-untyped-def]  # noqa: F821
     return None
 
 
