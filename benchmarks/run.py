@@ -623,6 +623,52 @@ def parallel_matmul_rows(settings: Settings) -> list[Row]:
         ], a @ b, settings, show, throughput=True)
 
 
+GUFUNC_BATCH = 10**4
+# C = A @ B on 8x8 f32 matrices in the vector dialect: a row of C in a register, one FMA per k.
+MATMUL_8X8_VECTOR = """
+func.func @matmul8(%a: memref<8x8xf32>, %b: memref<8x8xf32>, %c: memref<8x8xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c8 = arith.constant 8 : index
+  scf.for %i = %c0 to %c8 step %c1 {
+    %init = vector.load %c[%i, %c0] : memref<8x8xf32>, vector<8xf32>
+    %row = scf.for %k = %c0 to %c8 step %c1 iter_args(%acc = %init) -> (vector<8xf32>) {
+      %x = memref.load %a[%i, %k] : memref<8x8xf32>
+      %y = vector.load %b[%k, %c0] : memref<8x8xf32>, vector<8xf32>
+      %s = vector.broadcast %x : f32 to vector<8xf32>
+      %n = vector.fma %s, %y, %acc : vector<8xf32>
+      scf.yield %n : vector<8xf32>
+    }
+    vector.store %row, %c[%i, %c0] : memref<8x8xf32>, vector<8xf32>
+  }
+  return
+}
+"""
+
+
+def gufunc_rows(settings: Settings) -> list[Row]:
+    """10^4 × (8×8 @ 8×8) f32 through ``kernel.gufunc()``, against ``np.matmul`` on the same arrays, ``out=``."""
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((GUFUNC_BATCH, 8, 8), dtype=np.float32) for _ in range(2))
+    out = np.zeros_like(a)
+    vector = mlir_kernel(MATMUL_8X8_VECTOR)(lambda a, b: None).gufunc()
+    threaded = mlir_kernel(MATMUL_8X8_VECTOR, parallel=True)(lambda a, b: None).gufunc()
+    dynamic = mlir_kernel(MATMUL.format(t="memref<?x?xf32>"))(lambda a, b: None).gufunc()
+    fast = mlir_kernel(MATMUL.format(t="memref<?x?xf32>"), pipeline="fast")(lambda a, b: None).gufunc()
+    cases = [
+        Case("numpy np.matmul", lambda: np.matmul(a, b, out=out), out),
+        Case("memkernel gufunc, vector-dialect memref<8x8xf32> kernel", lambda: vector(a, b, out=out), out,
+             Target(0.667)),
+        Case(f"memkernel gufunc, same kernel, parallel=True ({os.cpu_count()} threads)",
+             lambda: threaded(a, b, out=out), out),
+        Case("memkernel gufunc, linalg.matmul on memref<?x?xf32>, pipeline=default", lambda: dynamic(a, b, out=out),
+             out),
+        Case("memkernel gufunc, linalg.matmul on memref<?x?xf32>, pipeline=fast", lambda: fast(a, b, out=out), out),
+    ]
+    return compare(f"gufunc, {GUFUNC_BATCH} × (8×8 @ 8×8) f32, out=", cases, np.matmul(a, b), settings,
+                   microseconds, rtol=1e-5, atol=1e-5)
+
+
 def unique_name() -> str:
     """A kernel name no earlier measurement compiled, so no cache can hold it."""
     return f"add_{uuid.uuid4().hex[:12]}"
@@ -885,7 +931,8 @@ def markdown(rows: Sequence[Row], info: str, command: str) -> str:
 
 SECTIONS: dict[str, Callable[[Settings], list[Row]]] = {
     "overhead": overhead_rows, "bandwidth": bandwidth_rows, "sum": sum_rows, "matmul": matmul_rows,
-    "matmul-shapes": odd_matmul_rows, "conv": conv_rows, "parallel": parallel_rows, "compile": compile_rows,
+    "matmul-shapes": odd_matmul_rows, "conv": conv_rows, "parallel": parallel_rows, "gufunc": gufunc_rows,
+    "compile": compile_rows,
     "checked": checked_rows, "isolate": isolate_rows,
 }
 """The table's sections, in order, by the name ``--only`` takes."""

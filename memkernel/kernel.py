@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from . import forking
 from . import isolate as isolation
 from . import pickling
@@ -47,7 +49,7 @@ from .load.objects import ObjectLoadError
 from .model import codec
 from .model.kernel_spec import KernelIR, KernelSpec, bind
 from .model.signature import Signature
-from .errors import MemkernelError, MissingDependencyError, OptionError
+from .errors import MemkernelError, MissingDependencyError, OptionError, SignatureError
 from .options import OPTION_NAMES, STAGES, KernelOptions
 
 if TYPE_CHECKING:
@@ -83,6 +85,7 @@ class Kernel:
         self.spec: KernelSpec = bind(kernel_ir, function)
         self.__signature__ = self.spec.python_signature
         self._invoker: Invoker | None = None
+        self._gufunc: np.ufunc | None = None
         self._lock = forking.lock()  # held while the compile worker compiles: a forked child must not wait for it
         isolation.check_options(self.spec.name, options.isolate, options.timeout, options.callbacks)
 
@@ -242,6 +245,47 @@ class Kernel:
                 llvm_options=list(options.llvm_options),
             )
         return kernel_cache.get_or_compile(key, compile_now, load_entry)
+
+    # -- as a numpy gufunc -----------------------------------------------------------
+
+    def gufunc(self) -> np.ufunc:
+        """The kernel as a real ``numpy.ufunc`` (a generalized ufunc), made once and kept.
+
+        Its core signature comes from the shape rules: dims the kernel ties share
+        a name, static dims are numbers (a matmul on ``memref<?x?xf32>`` is
+        ``(m,k),(k,n)->(m,n)``); inputs are the parameters, outputs the trailing
+        memrefs, scalars ``()``. numpy then broadcasts the batch dims and handles
+        ``out=``, ``axes=``, ``dtype=``, casting and ``__array_ufunc__`` (dask
+        arrays stay lazy). The loop over the batch runs in compiled code (with
+        ``parallel=True``, on one thread per core); outputs are zero-filled
+        before each element, also with ``out=``; cores that are not contiguous
+        are copied. Raises SignatureError (naming the rule) for a kernel no
+        signature describes: results, written inputs, bounds, reshaped views,
+        outputs only the Python function shapes, unranked memrefs, callbacks,
+        layouts whose static strides a contiguous core does not have, and
+        ``isolate=True``; CompileError if compiling the loop fails.
+        """
+        if self._gufunc is None:
+            with self._lock:
+                if self._gufunc is None:
+                    self._gufunc = self._make_gufunc()
+        return self._gufunc
+
+    def _make_gufunc(self) -> np.ufunc:
+        from .ufunc.layout import gufunc_layout
+        from .ufunc.make import make_ufunc
+
+        options, spec = self.options, self.spec
+        layout = gufunc_layout(spec, len(spec.signature.results), bool(self._callbacks))
+        if isolation.wanted(options.isolate, options.callbacks, options.timeout):
+            raise SignatureError(f"{spec.name}.gufunc(): the gufunc's loop runs in this process, and the kernel "
+                                 "asks for isolate=True; make it with isolate=False.")
+        with _needs_compiler(spec.name, "gufunc() (its loop is compiled afresh)"):
+            from .compile.build import build_gufunc
+
+        compiled = build_gufunc(options, layout, self._shared_libs)
+        doc = f"{spec.name}{layout.signature}: the memkernel kernel @{spec.name} as a generalized ufunc."
+        return make_ufunc(layout, compiled.fast_address, compiled.consts_address, compiled, options.source, doc)
 
     # -- inspection ------------------------------------------------------------------
 

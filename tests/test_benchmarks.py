@@ -73,6 +73,13 @@ ROWS = {
         "np.matmul(a, b, out=c), ",
         "memkernel memref<?x?xf32>, pipeline=fast, parallel=True (",
     ],
+    "gufunc, 10000 × (8×8 @ 8×8) f32, out=": [
+        "numpy np.matmul",
+        "memkernel gufunc, vector-dialect memref<8x8xf32> kernel",
+        "memkernel gufunc, same kernel, parallel=True (",
+        "memkernel gufunc, linalg.matmul on memref<?x?xf32>, pipeline=default",
+        "memkernel gufunc, linalg.matmul on memref<?x?xf32>, pipeline=fast",
+    ],
     "compile, add kernel": [
         "cache=False, compiled in the compile worker",
         "MEMKERNEL_COMPILE_WORKER=0, cache=False (compiles here)",
@@ -106,6 +113,7 @@ TARGETED = {
     ("conv 3×3, 1×56×56×64 → 1×54×54×64 f32", "memkernel conv_2d_nhwc_hwcf, pipeline=fast"),
     ("parallel=True, matmul 2048×2048×2048 f32, out=, numpy's 16-byte-aligned arrays",
      "memkernel memref<?x?xf32>, pipeline=fast, parallel=True ("),
+    ("gufunc, 10000 × (8×8 @ 8×8) f32, out=", "memkernel gufunc, vector-dialect memref<8x8xf32> kernel"),
     ("compile, add kernel", "fresh process, disk cache hit"),
     ("compile, add kernel", "MEMKERNEL_COMPILE_WORKER=0, cache=False (compiles here)"),
 }

@@ -3,12 +3,16 @@ fast path; and what :meth:`~memkernel.Kernel.ir` asks: the module :func:`lowered
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
-from .fast_path import fast_path
+from .fast_path import FastPath, fast_path
+from .gufunc_loop import consts_name, loop_name, loop_text, operand_types
+from ..fastpath.symbols import FastSymbols
 from ..load.compiled import CompiledFunction
 from ..model.kernel_spec import KernelSpec
 from ..options import KernelOptions
+from ..ufunc.layout import GufuncLayout
 from . import worker
 from .engine import compile_function, lowered_text
 from .pipeline import pipeline_of
@@ -24,6 +28,19 @@ def build(options: KernelOptions, spec: KernelSpec, shared_libs: Sequence[str], 
     fast = fast_path(spec, spec.signature.results) if fast_wanted else None
     return compile_function(options.source, spec.name, pipeline_of(options), options.opt_level, shared_libs, fast,
                             keep_object, callbacks, options.llvm_options, foreign)
+
+
+def build_gufunc(options: KernelOptions, layout: GufuncLayout, shared_libs: Sequence[str]) -> CompiledFunction:
+    """Compile the kernel of ``options.source`` with the gufunc loop of ``layout`` (see
+    :mod:`memkernel.compile.gufunc_loop`) in the compile worker, and link it here: its ``fast_address`` is the
+    loop, its ``consts_address`` the loop's table. The kernel itself is compiled without the async runtime
+    (with ``parallel=True`` the loop spreads the batch over threads of its own). Raises CompileError."""
+    name = layout.kernel
+    loop = FastPath(loop_text(layout, options.parallel), FastSymbols(loop_name(name), consts_name(name), ()), name,
+                    operand_types(layout), None)
+    serial = dataclasses.replace(options, parallel=False)
+    return compile_function(options.source, name, pipeline_of(serial), options.opt_level, shared_libs, loop,
+                            False, {}, options.llvm_options)
 
 
 def lowered(options: KernelOptions, name: str, callbacks: tuple[str, ...], stage: str) -> str:
