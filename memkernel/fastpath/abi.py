@@ -165,7 +165,11 @@ def numpy_api(index: int) -> int:
         from numpy._core import multiarray
     except ImportError:  # numpy 1.x
         from numpy.core import multiarray  # type: ignore[no-redef]
-    capsule = multiarray._ARRAY_API
+    return capsule_entry(multiarray._ARRAY_API, index)
+
+
+def capsule_entry(capsule: object, index: int) -> int:
+    """Entry ``index`` of the function table a numpy C API ``capsule`` holds (``_ARRAY_API``, ``_UFUNC_API``)."""
     name = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object)(("PyCapsule_GetName", ctypes.pythonapi))
     pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_void_p)(
         ("PyCapsule_GetPointer", ctypes.pythonapi))

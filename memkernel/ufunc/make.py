@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from ..errors import AllocationError
+from ..fastpath.abi import capsule_entry
 from ..load.guard import SIZE_OFFSET, failure_error
 from . import constants
 from .constants import STATUS_OFFSET, Status
@@ -42,12 +43,7 @@ def ufunc_api(index: int) -> int:
         from numpy._core import _multiarray_umath as umath
     except ImportError:  # numpy 1.x
         from numpy.core import _multiarray_umath as umath  # type: ignore[no-redef]
-    capsule = umath._UFUNC_API
-    name = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object)(("PyCapsule_GetName", ctypes.pythonapi))
-    pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_void_p)(
-        ("PyCapsule_GetPointer", ctypes.pythonapi))
-    table = pointer(capsule, name(capsule))
-    return ctypes.c_int64.from_address(table + 8 * index).value
+    return capsule_entry(umath._UFUNC_API, index)
 
 
 def raiser(layout: GufuncLayout, source: str) -> Callable[[int], NoReturn]:
