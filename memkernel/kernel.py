@@ -523,7 +523,11 @@ def _needs_compiler(kernel: str | None, doing: str) -> Iterator[None]:
 def _read_kernel(options: KernelOptions, requested: str | None,
                  function: Callable[..., Any]) -> tuple[KernelIR, ParsedSource]:
     with _needs_compiler(requested, "reading the kernel's source (no cache holds it)"):
+        from .compile import worker
         from .compile.decoration import read_kernel
+
+    if not isolation.wanted(options.isolate, options.callbacks, options.timeout):
+        worker.start(options.llvm_options)  # no cache holds its IR, so none its code: start compiling sooner
 
     try:
         parameters = [p.name for p in inspect.signature(function).parameters.values()]

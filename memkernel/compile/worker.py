@@ -180,6 +180,20 @@ class CompileWorker:
             raise value
         return value  # type: ignore[no-any-return]
 
+    def start(self) -> None:
+        """Start the worker now, unless one runs or is serving a request, so that its start (importing MLIR)
+        overlaps what the caller does until its first request. A worker that cannot start is left for that
+        request to report."""
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            if self._process is None:
+                self._process = _Process(self.options)
+        except CompileError:
+            pass
+        finally:
+            self._lock.release()
+
     def _crashed(self, what: str, death: str, started: bool) -> str:
         options = _options_text(self.options)
         if not started:
@@ -309,6 +323,13 @@ def run(options: Sequence[str], what: str, function: Callable[..., T], *args: An
         return worker(options).run(what, function, *args)
     finally:
         _end_idle_workers()
+
+
+def start(options: Sequence[str] = ()) -> None:
+    """Start the compile worker for LLVM ``options`` now (see :meth:`CompileWorker.start`), unless compiles
+    run in this process: decoration that must read a kernel's source starts it, since a compile follows."""
+    if not in_process():
+        worker(options).start()
 
 
 def _close_all() -> None:

@@ -20,6 +20,7 @@ from memkernel import subprocesses
 from memkernel import ArgumentError, CompileError, mlir_kernel
 
 from ..kernels import elementwise
+from ..processes import run_python
 
 REPO = str(Path(__file__).resolve().parents[2])
 
@@ -362,3 +363,24 @@ def test_a_child_forked_while_another_thread_waits_on_the_compile_worker_runs(tm
     done = run_script(FORK_WHILE_A_THREAD_WAITS, tmp_path / "cache")
     assert done.stdout.splitlines()[-1] == "[0, 0, 0]", done.stderr
     assert done.stdout.count("the child ran") == 3
+
+
+def test_decoration_that_reads_the_source_starts_the_compile_worker(tmp_path):
+    """The worker's start (an interpreter importing MLIR, about as long as decoration) overlaps what the
+    caller does before the first call; a kernel decorated for an isolated worker starts none here."""
+    out = run_python("""
+        import sys
+        import numpy as np
+        sys.path.append("tests")
+        from kernels import elementwise
+        from memkernel import mlir_kernel
+        import memkernel.compile.worker as compile_worker
+        isolated = mlir_kernel(elementwise("arith.addf", "memref<?xf32>", "f32", 1, name="iso"),
+                               isolate=True)(lambda a, b: None)
+        print(compile_worker.worker(()).pid() is None)
+        add = mlir_kernel(elementwise("arith.addf", "memref<?xf32>", "f32", 1, name="add"))(lambda a, b: None)
+        print(compile_worker.worker(()).pid() is not None)
+        x = np.arange(5, dtype=np.float32)
+        print(np.array_equal(add(x, x), x + x))
+    """, MEMKERNEL_CACHE_DIR=str(tmp_path))
+    assert out.split() == ["True", "True", "True"]
