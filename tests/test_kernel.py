@@ -155,7 +155,7 @@ def test_a_forked_child_compiles_a_kernel_another_thread_was_compiling_at_the_fo
         lambda a, b: None)
     busy = threading.Thread(target=compile_worker.run, args=((), "sleeping", time.sleep, 3))
     busy.start()
-    while not compile_worker.worker(())._lock.locked():
+    while not compile_worker.worker(()).busy():
         time.sleep(0.01)
     compiling = threading.Thread(target=kernel.compile)  # waits for the worker, holding the kernel's lock
     compiling.start()

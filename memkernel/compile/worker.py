@@ -6,7 +6,8 @@ or an "LLVM ERROR" and exit). So lowering, LLVM code generation and
 :meth:`~memkernel.Kernel.ir` run in a compile worker: a fresh Python
 running :func:`memkernel.compile.server.main`) that
 imports the MLIR bindings once and serves requests, one at a time, over a
-pipe. It returns the kernel's relocatable object, which the caller links with
+pipe; requests from several threads at once get more workers, up to one per
+core (see :class:`CompileWorker`). It returns the kernel's relocatable object, which the caller links with
 :class:`~memkernel.load.objects.LoadedObject` (as it links a disk cache
 entry), or the error the request raised.
 
@@ -140,19 +141,48 @@ class _Process:
             close_descriptor(file)
 
 
-class CompileWorker:
-    """The worker for one set of LLVM options: started at the first request, again after a crash.
+def pool_size() -> int:
+    """How many worker processes one set of LLVM options may run at once: ``$MEMKERNEL_COMPILE_WORKERS``,
+    else the cores this process may use, at most :data:`MAX_POOL` (each is an interpreter with MLIR loaded)."""
+    text = os.environ.get("MEMKERNEL_COMPILE_WORKERS", "").strip()
+    if text:
+        try:
+            size = int(text)
+        except ValueError:
+            size = 0
+        if size < 1:
+            raise CompileError(f"$MEMKERNEL_COMPILE_WORKERS must be a positive number of processes; got {text!r}")
+        return size
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(MAX_POOL, cores))
 
-    Requests from several threads are served one at a time.
+
+MAX_POOL = 4
+"""The most worker processes per set of options by default, whatever the number of cores."""
+
+SPARE_SECONDS = 10.0
+"""How long a worker process beyond the first stays running while idle (each holds about 190 MB)."""
+
+
+class CompileWorker:
+    """The worker processes for one set of LLVM options: the first started at the first request (or by
+    :meth:`start`), another only when every one is busy with another thread's request, up to
+    :func:`pool_size`; a crashed one is replaced at the next request.
+
+    So a process that compiles one kernel at a time runs one worker, and kernels compiled from several
+    threads at once (a test session, a notebook's first cell) compile in parallel.
     """
 
     def __init__(self, options: tuple[str, ...]) -> None:
         self.options = options
         self._lock = threading.Lock()
-        self._process: _Process | None = None
+        self._returned = threading.Condition(self._lock)
+        self._idle: list[_Process] = []
+        self._busy: set[_Process] = set()
+        self._trim: threading.Timer | None = None
 
     def run(self, what: str, function: Callable[..., T], *args: Any) -> T:
-        """``function(*args)`` run in the worker (both must pickle; the function by name).
+        """``function(*args)`` run in a worker process (both must pickle; the function by name).
 
         Returns its result or raises the exception it raised. CompileError if
         the worker dies meanwhile, with ``what`` (e.g. ``"compiling @k"``)
@@ -160,35 +190,78 @@ class CompileWorker:
         Anything else that interrupts the wait (a KeyboardInterrupt) ends the worker.
         """
         request = pickle.dumps((function, args), protocol=pickle.HIGHEST_PROTOCOL)
-        with self._lock:
-            if self._process is not None and self._process.popen.poll() is not None:
-                self._process.close()  # it ended while idle (killed from outside): not this request's doing
-                self._process = None
-            process = self._process or _Process(self.options)
-            self._process = process
-            try:
-                status, value, stderr = process.exchange(request)
-            except _Died:
-                self._process = None
-                raise CompileError(self._crashed(what, process.death(), process.ready)) from None
-            except BaseException:
-                self._process = None
-                process.end()
-                raise
+        process = self._take()
+        try:
+            status, value, stderr = process.exchange(request)
+        except _Died:
+            self._give_back(process, keep=False)
+            raise CompileError(self._crashed(what, process.death(), process.ready)) from None
+        except BaseException:
+            self._give_back(process, keep=False)
+            process.end()
+            raise
+        self._give_back(process, keep=True)
         _report(stderr, failed=status != "ok")
         if status != "ok":
             raise value
         return value  # type: ignore[no-any-return]
 
+    def _take(self) -> _Process:
+        """An idle process (one ended while idle, killed from outside, is dropped: not this request's doing),
+        else a new one while the pool has room, else the first one another request gives back."""
+        size = pool_size()
+        with self._returned:
+            while True:
+                while self._idle:
+                    process = self._idle.pop()
+                    if process.popen.poll() is None:
+                        self._busy.add(process)
+                        return process
+                    process.close()
+                if len(self._busy) < size:
+                    process = _Process(self.options)
+                    self._busy.add(process)
+                    return process
+                self._returned.wait()
+
+    def _give_back(self, process: _Process, *, keep: bool) -> None:
+        with self._returned:
+            self._busy.discard(process)
+            if keep:
+                self._idle.append(process)
+            self._returned.notify()
+            if len(self._idle) + len(self._busy) > 1 and self._trim is None:
+                self._trim = threading.Timer(SPARE_SECONDS, self._end_spares)
+                self._trim.daemon = True
+                self._trim.start()
+
+    def _end_spares(self) -> None:
+        """End the idle processes beyond the first once none is busy (the burst of compiles is over);
+        else look again later."""
+        with self._lock:
+            self._trim = None
+            if self._busy:
+                spares: list[_Process] = []
+                self._trim = threading.Timer(SPARE_SECONDS, self._end_spares)
+                self._trim.daemon = True
+                self._trim.start()
+            else:
+                spares, self._idle = self._idle[:-1], self._idle[-1:]
+        for process in spares:
+            self._end(process)
+
+    def busy(self) -> bool:
+        """Whether a process of this worker is serving a request."""
+        return bool(self._busy)
+
     def start(self) -> None:
-        """Start the worker now, unless one runs or is serving a request, so that its start (importing MLIR)
-        overlaps what the caller does until its first request. A worker that cannot start is left for that
-        request to report."""
+        """Start a worker process now, unless one runs, so that its start (importing MLIR) overlaps what the
+        caller does until its first request. A process that cannot start is left for that request to report."""
         if not self._lock.acquire(blocking=False):
             return
         try:
-            if self._process is None:
-                self._process = _Process(self.options)
+            if not self._idle and not self._busy:
+                self._idle.append(_Process(self.options))
         except CompileError:
             pass
         finally:
@@ -205,34 +278,45 @@ class CompileWorker:
                 "option (llvm.intr.matrix.* needs -enable-matrix), pass llvm_options=.")
 
     def close(self) -> None:
-        """End the worker: closing its pipe ends its loop."""
+        """End the idle processes (one serving a request goes back to the pool when it is done)."""
         with self._lock:
-            process, self._process = self._process, None
-        self._end(process)
+            idle, self._idle = self._idle, []
+        for process in idle:
+            self._end(process)
 
     def close_if_idle(self) -> None:
-        """End the worker unless it is serving a request (it starts again at its next one)."""
+        """End the processes unless one is serving a request (they start again at the next one)."""
         if not self._lock.acquire(blocking=False):
             return
         try:
-            process, self._process = self._process, None
+            if self._busy:
+                return
+            idle, self._idle = self._idle, []
         finally:
             self._lock.release()
-        self._end(process)
+        for process in idle:
+            self._end(process)
 
     @staticmethod
-    def _end(process: _Process | None) -> None:
-        if process is not None:
-            process.close()
-            try:
-                process.popen.wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                process.end()
+    def _end(process: _Process) -> None:
+        process.close()
+        try:
+            process.popen.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            process.end()
 
     def pid(self) -> int | None:
-        """The process id of the running worker, or None when none runs."""
-        process = self._process
-        return process.popen.pid if process is not None and process.popen.poll() is None else None
+        """The process id of a running worker process (the next one to serve), or None when none runs."""
+        for process in [*reversed(self._idle), *self._busy]:
+            if process.popen.poll() is None:
+                return process.popen.pid
+        return None
+
+    def forget(self) -> None:
+        """In a forked child: let go of the parent's processes without touching their files' locks (the
+        parent's trimming timer does not run in the child)."""
+        for process in [*self._idle, *self._busy]:
+            process.forget()
 
 
 def _report(stderr: str, *, failed: bool) -> None:
@@ -343,9 +427,7 @@ def _forget_in_child() -> None:
     """A forked child leaves its parent's workers (and their pipes) alone and starts its own."""
     global _workers, _workers_lock
     for each in _workers.values():
-        process = each._process
-        if process is not None:
-            process.forget()
+        each.forget()
     _workers = {}
     _workers_lock = threading.Lock()
 

@@ -340,7 +340,7 @@ import multiprocessing, threading, time
 import memkernel.compile.worker as compile_worker
 waiting = threading.Thread(target=compile_worker.run, args=((), "sleeping", time.sleep, 4))
 waiting.start()
-while not compile_worker.worker(())._lock.locked():
+while not compile_worker.worker(()).busy():
     time.sleep(0.01)
 time.sleep(0.3)
 exits = []
@@ -384,3 +384,55 @@ def test_decoration_that_reads_the_source_starts_the_compile_worker(tmp_path):
         print(np.array_equal(add(x, x), x + x))
     """, MEMKERNEL_CACHE_DIR=str(tmp_path))
     assert out.split() == ["True", "True", "True"]
+
+
+def _sleep_in_two_threads(seconds: float) -> float:
+    """Seconds two threads take to each run a ``seconds``-long request in the compile worker at once."""
+    threads = [threading.Thread(target=compile_worker.run, args=((), "sleeping", time.sleep, seconds))
+               for _ in range(2)]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.perf_counter() - start
+
+
+def test_requests_from_two_threads_at_once_run_in_two_worker_processes(monkeypatch):
+    monkeypatch.setenv("MEMKERNEL_COMPILE_WORKERS", "2")
+    check_add(add_kernel(cache=False))  # one worker process ready; the second starts for the second request
+    assert _sleep_in_two_threads(3.0) < 5.5
+
+
+def test_memkernel_compile_workers_1_serves_requests_one_at_a_time(monkeypatch):
+    monkeypatch.setenv("MEMKERNEL_COMPILE_WORKERS", "1")
+    compile_worker.worker(()).close()  # processes an earlier test left idle would serve too
+    assert _sleep_in_two_threads(1.5) >= 3.0
+
+
+def test_spare_worker_processes_end_once_the_burst_of_compiles_is_over(monkeypatch):
+    monkeypatch.setenv("MEMKERNEL_COMPILE_WORKERS", "2")
+    monkeypatch.setattr(compile_worker, "SPARE_SECONDS", 0.5)
+    _sleep_in_two_threads(1.0)
+    pool = compile_worker.worker(())
+    pids = {process.popen.pid for process in pool._idle}
+    assert len(pids) == 2
+    deadline = time.monotonic() + 20
+    while len(pool._idle) > 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(pool._idle) == 1
+    kept = pool._idle[0].popen.pid
+    for pid in pids - {kept}:
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(pid)
+    check_add(add_kernel(cache=False))
+    assert pool.pid() == kept
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "many"])
+def test_memkernel_compile_workers_must_be_a_positive_number(monkeypatch, value):
+    monkeypatch.setenv("MEMKERNEL_COMPILE_WORKERS", value)
+    with pytest.raises(CompileError, match=rf"\$MEMKERNEL_COMPILE_WORKERS must be a positive number of "
+                                           rf"processes; got '{value}'"):
+        add_kernel(cache=False).compile()
