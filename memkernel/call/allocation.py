@@ -95,6 +95,12 @@ class OutputAllocator:
         self.shaped_in_python = any(static is None and tied is None for static, tied in zip(self._static, self._tied))
         """Whether an output's shape may have to come from the Python function (neither static nor tied)."""
 
+    def shaped_only_by_function(self) -> tuple[str, ...]:
+        """The outputs whose shape only the Python function can give: neither static nor tied, and no input
+        has their shape pattern."""
+        return tuple(name for (name, _), static, tied, like in zip(self.outputs, self._static, self._tied, self._like)
+                     if static is None and tied is None and not like)
+
     def allocate_all(self, values: Sequence[Any]) -> tuple[Any, ...]:
         """New zeroed arrays for every output (the call gave no ``out=``); one output is the quick case."""
         if len(self.outputs) == 1:
@@ -129,15 +135,39 @@ class OutputAllocator:
             if tied is not None:
                 arrays[i] = zeros(self.kernel, name, tied, spec.element.dtype)
                 continue
-            if isinstance(spec, UnrankedSpec):
-                raise ShapeError(
-                    f"{self.kernel}(): output '{name}' is {spec.mlir}, whose rank is unknown, so "
-                    f"memkernel cannot allocate it. Pass out= with an array of dtype {spec.element.dtype.name}."
-                )
+            ranked = self._ranked(name, spec)
             if returned is _NOT_CALLED:
                 returned = self._returned_shapes(values)
-            arrays[i] = zeros(self.kernel, name, self._shape(i, name, spec, returned[i], values), spec.element.dtype)
+            shape = self._shape(i, name, ranked, returned[i], values, _shape_of)
+            arrays[i] = zeros(self.kernel, name, shape, spec.element.dtype)
         return tuple(arrays)
+
+    def shapes(self, values: Sequence[Any], shape_of: Callable[[Any], tuple[Any, ...]]) -> tuple[tuple[Any, ...], ...]:
+        """Every output's shape, derived as :meth:`allocate` derives it, from ``values`` whose shapes
+        ``shape_of`` reads: another library's arrays (torch's fake tensors, JAX's tracers), whose sizes may be
+        symbolic (torch's ``SymInt``); the rules only copy and compare them. The shape function gets ``values``."""
+        returned: Any = _NOT_CALLED
+        shapes: list[tuple[Any, ...]] = []
+        for i, (name, spec) in enumerate(self.outputs):
+            static, sources = self._static[i], self._tied[i]
+            if static is not None:
+                shapes.append(static)
+            elif sources is not None:
+                shapes.append(tuple(shape_of(values[s.arg])[s.dim] if isinstance(s, Dim) else s for s in sources))
+            else:
+                ranked = self._ranked(name, spec)
+                if returned is _NOT_CALLED:
+                    returned = self._returned_shapes(values)
+                shapes.append(self._shape(i, name, ranked, returned[i], values, shape_of))
+        return tuple(shapes)
+
+    def _ranked(self, name: str, spec: MemRefSpec | UnrankedSpec) -> MemRefSpec:
+        if isinstance(spec, UnrankedSpec):
+            raise ShapeError(
+                f"{self.kernel}(): output '{name}' is {spec.mlir}, whose rank is unknown, so "
+                f"memkernel cannot allocate it. Pass out= with an array of dtype {spec.element.dtype.name}."
+            )
+        return spec
 
     def _tied_shape(self, i: int, values: Sequence[Any]) -> tuple[int, ...] | None:
         """Output ``i``'s shape from the input dims tied to it; None unless every dim is tied and every
@@ -177,15 +207,16 @@ class OutputAllocator:
             f"shapes it must return {expected}, or None."
         )
 
-    def _shape(self, i: int, name: str, spec: MemRefSpec, returned: Any, values: Sequence[Any]) -> tuple[int, ...]:
+    def _shape(self, i: int, name: str, spec: MemRefSpec, returned: Any, values: Sequence[Any],
+               shape_of: Callable[[Any], tuple[Any, ...]]) -> tuple[int, ...]:
         if returned is not None:
             shape = tuple(operator.index(d) for d in returned)
             self._check(name, spec, shape)
             return shape
-        agreed = self._like_shape(i, values)
+        agreed = self._like_shape(i, values, shape_of)
         if agreed is not None:
             return agreed
-        like = {_shape_of(values[j]) for j in self._like[i]}
+        like = {tuple(shape_of(values[j])) for j in self._like[i]}
         reason = (
             "the inputs of that shape pattern disagree: " + ", ".join(str(s) for s in sorted(like))
             if like else "no input has that shape pattern"
@@ -196,12 +227,13 @@ class OutputAllocator:
             f"or pass out=."
         )
 
-    def _like_shape(self, i: int, values: Sequence[Any]) -> tuple[int, ...] | None:
+    def _like_shape(self, i: int, values: Sequence[Any],
+                    shape_of: Callable[[Any], tuple[Any, ...]] = _shape_of) -> tuple[int, ...] | None:
         """The shape shared by every input of output ``i``'s shape pattern; None if none or they disagree."""
         shape = None
         for j in self._like[i]:
             value = values[j]
-            found = value.shape if type(value) is np.ndarray else _shape_of(value)
+            found = value.shape if type(value) is np.ndarray else tuple(shape_of(value))
             if shape is None:
                 shape = found
             elif found != shape:

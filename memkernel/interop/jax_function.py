@@ -1,0 +1,110 @@
+"""``kernel.as_jax()``: the kernel as a JAX function, usable inside ``jax.jit``, through ``jax.pure_callback``.
+
+:func:`make_jax_function` returns a function of the kernel's parameters. When
+it is traced (under ``jax.jit``, ``jax.vmap``), it checks the arguments'
+contracts and the shape rules on the abstract arrays (memkernel's ArgumentError
+and ShapeError, at trace time), derives the result shapes and dtypes from the
+:class:`~memkernel.interop.op_plan.OpPlan` (the allocator's own rules), and
+stages a ``jax.pure_callback`` that runs the kernel on the host on numpy views
+of the operands. Called on concrete arrays outside a trace, it runs the kernel
+directly, with no callback. JAX arrays are immutable: the new values of
+parameters the kernel writes in place are returned after its outputs and
+results, and the kernel writes a copy. ``vmap_method="sequential"``: under
+``jax.vmap`` the kernel runs once per batch element.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..errors import ArgumentError
+from ..model.contract import BufferContract
+from ..model.dtypes import dtype_expression
+from .op_plan import OpPlan, as_tuple
+
+VMAP_METHOD = "sequential"
+"""How ``jax.vmap`` runs the callback: one kernel call per batch element (the kernel knows no batch dim)."""
+
+
+def _shape_of(value: Any) -> tuple[Any, ...]:
+    return tuple(value.shape)
+
+
+def _dtype_of(value: Any) -> np.dtype:
+    return np.dtype(value.dtype)
+
+
+def _cast(name: str, dtype: np.dtype) -> str:
+    return f"{name}.astype({dtype_expression(dtype).replace('np.', 'jnp.')})"
+
+
+def _needs_x64(dtype: np.dtype) -> bool:
+    return dtype.itemsize == 8 and dtype.kind in "iuf" or dtype.itemsize == 16 and dtype.kind == "c"
+
+
+def make_jax_function(kernel: Callable[..., Any], plan: OpPlan) -> Callable[..., Any]:
+    """A JAX function of ``kernel``'s parameters (``plan`` is its plan) returning its outputs, then its
+    results, then the new values of the parameters it writes: None for none, the value for one, else a tuple."""
+    spec = plan.spec
+    signature = inspect.Signature(list(spec.parameters))
+    written = [i for i, c in enumerate(plan.inputs) if isinstance(c, BufferContract) and c.may_write]
+    count = len(plan.returned) + len(written)
+    x64_dtypes = sorted({c.element.dtype.name for c in plan.inputs
+                         if isinstance(c, BufferContract) and all(_needs_x64(d) for d in c.dtypes)}
+                        | {r.dtype.name for r in plan.returned if _needs_x64(r.dtype)})
+
+    def run(values: list[Any]) -> tuple[np.ndarray, ...]:
+        """The kernel on the host: ``values`` are numpy arrays and Python or numpy scalars."""
+        for i in written:
+            values[i] = np.array(values[i], copy=True)
+        returned = as_tuple(kernel(*values), len(plan.returned))
+        return tuple(np.asarray(v, r.dtype) for v, r in zip(returned, plan.returned)) + tuple(values[i]
+                                                                                               for i in written)
+
+    def finish(results: tuple[Any, ...]) -> Any:
+        return None if count == 0 else results[0] if count == 1 else tuple(results)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise ArgumentError(f"{spec.name}(): {exc}") from None
+        bound.apply_defaults()
+        values = list(bound.arguments.values())
+        for k, (contract, value) in enumerate(zip(plan.inputs, values)):
+            if isinstance(contract, BufferContract) and not (hasattr(value, "dtype") and hasattr(value, "shape")):
+                values[k] = np.asarray(value)
+        if x64_dtypes and not jax.config.read("jax_enable_x64"):
+            raise ArgumentError(f"{spec.name}(): the kernel takes or returns {', '.join(x64_dtypes)}, which JAX "
+                                "holds only with 64-bit types enabled: jax.config.update('jax_enable_x64', True).")
+        plan.check(values, _dtype_of, _shape_of, _cast)
+        traced = [k for k, (c, v) in enumerate(zip(plan.inputs, values))
+                  if isinstance(c, BufferContract) or isinstance(v, jax.core.Tracer)]
+        if not any(isinstance(values[k], jax.core.Tracer) for k in traced):  # concrete arrays: no callback
+            host = [np.asarray(v) if k in traced else v for k, v in enumerate(values)]
+            return finish(tuple(jnp.asarray(x) for x in run(host)))
+        shapes = plan.shapes(values, _shape_of)
+        results = [jax.ShapeDtypeStruct(s, r.dtype) for s, r in zip(shapes, plan.returned)]
+        results += [jax.ShapeDtypeStruct(values[i].shape, values[i].dtype) for i in written]
+
+        def on_host(*operands: Any) -> tuple[np.ndarray, ...]:
+            host = list(values)
+            for k, operand in zip(traced, operands):
+                array = np.asarray(operand)
+                host[k] = array if isinstance(plan.inputs[k], BufferContract) else array[()]
+            return run(host)
+
+        return finish(tuple(jax.pure_callback(on_host, tuple(results), *(values[k] for k in traced),
+                                              vmap_method=VMAP_METHOD)))
+
+    call.__name__ = call.__qualname__ = spec.name
+    call.__doc__ = f"The memkernel kernel @{spec.name} as a JAX function (see Kernel.as_jax)."
+    call.__signature__ = signature  # type: ignore[attr-defined]
+    return call
+
