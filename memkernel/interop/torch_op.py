@@ -35,6 +35,8 @@ _ML_DTYPES = {"bfloat16": torch.bfloat16, "float8_e4m3fn": torch.float8_e4m3fn, 
 """The ml_dtypes element types torch has, by name: their tensors travel as unsigned integers of their size."""
 
 _BITS = {1: torch.uint8, 2: torch.uint16}
+_REGISTERED: dict[str, str] = {}
+"""The ops memkernel registered in this process: their name, and the name of the kernel each calls."""
 _SCALARS: dict[str, type] = {"bool": bool, "int": int, "float": float}
 
 
@@ -46,6 +48,12 @@ def torch_dtype(dtype: np.dtype) -> torch.dtype | None:
         return torch.from_numpy(np.empty(0, dtype)).dtype
     except TypeError:
         return None
+
+
+_NUMPY_DTYPES = {t: d for d in map(np.dtype, ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+                                               "uint64", "float16", "float32", "float64", "complex64", "complex128"])
+                 if (t := torch_dtype(d)) is not None}
+"""The numpy dtype of each torch dtype that has one (ml_dtypes' aside), read outside any fake mode."""
 
 
 def _to_numpy(tensor: torch.Tensor, dtype: np.dtype) -> np.ndarray:
@@ -87,14 +95,9 @@ class _Arguments:
                                      f"whose element type {contract.element.dtype.name} torch has no dtype for.")
             self.accepted.append(accepted)
 
-    def numpy_dtype(self, tensor: torch.Tensor) -> np.dtype | None:
-        for accepted in self.accepted:
-            if accepted is not None and tensor.dtype in accepted:
-                return accepted[tensor.dtype]
-        try:
-            return torch.empty(0, dtype=tensor.dtype).numpy().dtype
-        except TypeError:
-            return None
+    @staticmethod
+    def numpy_dtype(tensor: torch.Tensor) -> np.dtype | None:
+        return _NUMPY_DTYPES.get(tensor.dtype)
 
     def convert(self, args: tuple[Any, ...]) -> list[Any]:
         values = []
@@ -175,6 +178,7 @@ def make_torch_op(kernel: Callable[..., Any], plan: OpPlan, qualname: str) -> An
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
         return finish(tuple(torch.empty(s, dtype=t, device=device) for s, t in zip(shapes, torch_dtypes)))
 
+    _claim(qualname, plan.name, made_by)
     run.__name__ = run.__qualname__ = plan.name
     run.__signature__ = _signature(plan, made_by)  # type: ignore[attr-defined]
     try:
@@ -182,5 +186,25 @@ def make_torch_op(kernel: Callable[..., Any], plan: OpPlan, qualname: str) -> An
     except (RuntimeError, ValueError, TypeError) as exc:
         raise SignatureError(f"{plan.name}.{made_by}: torch refuses the op: {exc}") from exc
     op.register_fake(fake)
+    _REGISTERED[qualname] = plan.name
     return op
+
+
+def _exists(qualname: str) -> bool:
+    namespace, _, name = qualname.partition("::")
+    try:
+        return hasattr(getattr(torch.ops, namespace), name)
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _claim(qualname: str, kernel: str, made_by: str) -> None:
+    """Refuse ``qualname`` if an op of that name exists that is not an earlier registration of a kernel of the
+    same name (a notebook cell run again), which torch would silently replace."""
+    owner = _REGISTERED.get(qualname)
+    if owner is not None and owner != kernel:
+        raise SignatureError(f"{kernel}.{made_by}: the op {qualname} already calls the kernel @{owner}; "
+                             "give this one another name.")
+    if owner is None and _exists(qualname):
+        raise SignatureError(f"{kernel}.{made_by}: torch already has an op {qualname}; give this one another name.")
 
