@@ -669,6 +669,49 @@ def gufunc_rows(settings: Settings) -> list[Row]:
                    microseconds, rtol=1e-5, atol=1e-5)
 
 
+def torch_rows(settings: Settings) -> list[Row]:
+    """The add kernel as a torch op (``kernel.as_torch_op``), eager and compiled, against ``torch.add``."""
+    sizes = (SMALL, settings.bandwidth_n)
+    variants = ("torch.add(a, b)", "memkernel add op (as_torch_op), eager",
+                "memkernel add op in torch.compile(fullgraph=True)")
+    if not installed("torch"):
+        return [not_installed(f"torch op, {n:,}×f32, allocating", v) for n in sizes for v in variants]
+    import torch
+
+    op = add_kernel("torch_add").as_torch_op(f"memkernel_benchmarks::add_{uuid.uuid4().hex[:8]}")
+    compiled = torch.compile(lambda a, b: op(a, b), fullgraph=True)
+    rows = []
+    for n in sizes:
+        a, b = (torch.from_numpy(x) for x in operands(n)[:2])
+        rows += compare(f"torch op, {n:,}×f32, allocating", [
+            Case(variants[0], lambda: torch.add(a, b)),
+            Case(variants[1], lambda: op(a, b)),
+            Case(variants[2], lambda: compiled(a, b)),
+        ], (a + b).numpy(), settings, microseconds)
+    return rows
+
+
+def jax_rows(settings: Settings) -> list[Row]:
+    """The add kernel as a JAX function (``kernel.as_jax``, a ``pure_callback``) under ``jax.jit``, against
+    ``jnp.add`` under ``jax.jit``, each call waited for."""
+    sizes = (SMALL, settings.bandwidth_n)
+    variants = ("jax.jit(jnp.add)(a, b)", "jax.jit(kernel.as_jax())(a, b), pure_callback")
+    if not installed("jax"):
+        return [not_installed(f"JAX under jit, {n:,}×f32", v) for n in sizes for v in variants]
+    import jax
+    import jax.numpy as jnp
+
+    add, mine = jax.jit(jnp.add), jax.jit(add_kernel("jax_add").as_jax())
+    rows = []
+    for n in sizes:
+        a, b = (jnp.asarray(x) for x in operands(n)[:2])
+        rows += compare(f"JAX under jit, {n:,}×f32", [
+            Case(variants[0], lambda: add(a, b).block_until_ready()),
+            Case(variants[1], lambda: mine(a, b).block_until_ready()),
+        ], np.asarray(a + b), settings, microseconds)
+    return rows
+
+
 def unique_name() -> str:
     """A kernel name no earlier measurement compiled, so no cache can hold it."""
     return f"add_{uuid.uuid4().hex[:12]}"
@@ -932,7 +975,7 @@ def markdown(rows: Sequence[Row], info: str, command: str) -> str:
 SECTIONS: dict[str, Callable[[Settings], list[Row]]] = {
     "overhead": overhead_rows, "bandwidth": bandwidth_rows, "sum": sum_rows, "matmul": matmul_rows,
     "matmul-shapes": odd_matmul_rows, "conv": conv_rows, "parallel": parallel_rows, "gufunc": gufunc_rows,
-    "compile": compile_rows,
+    "torch": torch_rows, "jax": jax_rows, "compile": compile_rows,
     "checked": checked_rows, "isolate": isolate_rows,
 }
 """The table's sections, in order, by the name ``--only`` takes."""

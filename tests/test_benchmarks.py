@@ -80,6 +80,15 @@ ROWS = {
         "memkernel gufunc, linalg.matmul on memref<?x?xf32>, pipeline=default",
         "memkernel gufunc, linalg.matmul on memref<?x?xf32>, pipeline=fast",
     ],
+    **{f"torch op, {n}×f32, allocating": [
+        "torch.add(a, b)",
+        "memkernel add op (as_torch_op), eager",
+        "memkernel add op in torch.compile(fullgraph=True)",
+    ] for n in ("16", "1,000,000")},
+    **{f"JAX under jit, {n}×f32": [
+        "jax.jit(jnp.add)(a, b)",
+        "jax.jit(kernel.as_jax())(a, b), pure_callback",
+    ] for n in ("16", "1,000,000")},
     "compile, add kernel": [
         "cache=False, compiled in the compile worker",
         "MEMKERNEL_COMPILE_WORKER=0, cache=False (compiles here)",
