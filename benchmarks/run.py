@@ -692,10 +692,10 @@ def torch_rows(settings: Settings) -> list[Row]:
 
 
 def jax_rows(settings: Settings) -> list[Row]:
-    """The add kernel as a JAX function (``kernel.as_jax``, a ``pure_callback``) under ``jax.jit``, against
+    """The add kernel as a JAX function (``kernel.as_jax``, an XLA FFI call) under ``jax.jit``, against
     ``jnp.add`` under ``jax.jit``, each call waited for."""
     sizes = (SMALL, settings.bandwidth_n)
-    variants = ("jax.jit(jnp.add)(a, b)", "jax.jit(kernel.as_jax())(a, b), pure_callback")
+    variants = ("jax.jit(jnp.add)(a, b)", "jax.jit(kernel.as_jax())(a, b), XLA FFI handler")
     if not installed("jax"):
         return [not_installed(f"JAX under jit, {n:,}×f32", v) for n in sizes for v in variants]
     import jax

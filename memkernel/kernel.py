@@ -328,13 +328,14 @@ class Kernel:
         array), then the new values of the parameters the kernel writes in place (JAX arrays are immutable:
         the kernel writes a copy): None for none, the array for one, else a tuple. Traced, it checks dtypes,
         ranks, static dims and ties (ArgumentError, ShapeError at trace time), takes the result shapes and
-        dtypes from the shape rules, and runs the kernel on the host through ``jax.pure_callback`` with
+        dtypes from the shape rules, and stages a ``jax.ffi.ffi_call`` of the kernel's XLA FFI handler
+        (written against XLA's C API with ctypes: no C++), which runs the kernel on XLA's buffers in place;
         ``vmap_method="sequential"``: under ``jax.vmap`` the kernel runs once per batch element. On concrete
-        arrays outside a trace it calls the kernel directly. Concrete scalars are passed as they are; traced
-        ones through the callback. An error raised by the kernel inside a jitted call reaches the caller as
-        JAX's ``JaxRuntimeError``, its message holding memkernel's. No derivative is defined
-        (wrap it in ``jax.custom_vjp``). Raises SignatureError when the kernel's returns cannot be described
-        (see :meth:`as_torch_op`), ArgumentError for 64-bit element types while ``jax_enable_x64`` is off,
+        arrays outside a trace it calls the kernel directly. Scalars known at trace time reach the kernel as
+        given; traced ones as 0-d operands. An error the kernel raises inside a jitted call reaches the
+        caller as JAX's ``JaxRuntimeError``, its message holding memkernel's. No derivative is defined (wrap
+        it in ``jax.custom_vjp``). Raises SignatureError when the kernel's returns cannot be described (see
+        :meth:`as_torch_op`), ArgumentError for 64-bit element types while ``jax_enable_x64`` is off,
         MissingDependencyError without JAX.
         """
         if self._jax_function is None:

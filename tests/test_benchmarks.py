@@ -87,7 +87,7 @@ ROWS = {
     ] for n in ("16", "1,000,000")},
     **{f"JAX under jit, {n}×f32": [
         "jax.jit(jnp.add)(a, b)",
-        "jax.jit(kernel.as_jax())(a, b), pure_callback",
+        "jax.jit(kernel.as_jax())(a, b), XLA FFI handler",
     ] for n in ("16", "1,000,000")},
     "compile, add kernel": [
         "cache=False, compiled in the compile worker",

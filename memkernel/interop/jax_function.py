@@ -1,21 +1,23 @@
-"""``kernel.as_jax()``: the kernel as a JAX function, usable inside ``jax.jit``, through ``jax.pure_callback``.
+"""``kernel.as_jax()``: the kernel as a JAX function, usable inside ``jax.jit``, through ``jax.ffi.ffi_call``.
 
-:func:`make_jax_function` returns a function of the kernel's parameters. When
-it is traced (under ``jax.jit``, ``jax.vmap``), it checks the arguments'
-contracts and the shape rules on the abstract arrays (memkernel's ArgumentError
-and ShapeError, at trace time), derives the result shapes and dtypes from the
-:class:`~memkernel.interop.op_plan.OpPlan` (the allocator's own rules), and
-stages a ``jax.pure_callback`` that runs the kernel on the host on numpy views
-of the operands. Called on concrete arrays outside a trace, it runs the kernel
-directly, with no callback. JAX arrays are immutable: the new values of
-parameters the kernel writes in place are returned after its outputs and
-results, and the kernel writes a copy. ``vmap_method="sequential"``: under
-``jax.vmap`` the kernel runs once per batch element.
+:func:`make_jax_function` registers the kernel's XLA FFI handler
+(:mod:`memkernel.interop.xla_handler`, no C++) and returns a function of the
+kernel's parameters. Traced (under ``jax.jit``, ``jax.vmap``), it checks the
+arguments' contracts and the shape rules on the abstract arrays (memkernel's
+ArgumentError and ShapeError, at trace time), derives the result shapes and
+dtypes from the :class:`~memkernel.interop.op_plan.OpPlan` (the allocator's
+own rules), and stages an ``ffi_call``: XLA allocates the results and the
+handler runs the kernel on its buffers in place. Called on concrete arrays
+outside a trace, it runs the kernel directly. JAX arrays are immutable: the new
+values of parameters the kernel writes in place are returned after its outputs
+and results, and the kernel writes a copy. ``vmap_method="sequential"``:
+under ``jax.vmap`` the kernel runs once per batch element.
 """
 
 from __future__ import annotations
 
 import inspect
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -27,9 +29,14 @@ from ..errors import ArgumentError
 from ..model.contract import BufferContract
 from ..model.dtypes import dtype_expression
 from .op_plan import OpPlan, as_tuple
+from .xla_handler import Constants, Handler
+
+_TARGETS = itertools.count()
+_HANDLERS: list[Handler] = []
+"""Every handler registered with XLA in this process: XLA keeps their addresses for good."""
 
 VMAP_METHOD = "sequential"
-"""How ``jax.vmap`` runs the callback: one kernel call per batch element (the kernel knows no batch dim)."""
+"""How ``jax.vmap`` runs the FFI call: one kernel call per batch element (the kernel knows no batch dim)."""
 
 
 def _shape_of(value: Any) -> tuple[Any, ...]:
@@ -59,6 +66,12 @@ def make_jax_function(kernel: Callable[..., Any], plan: OpPlan) -> Callable[...,
                          if isinstance(c, BufferContract) and all(_needs_x64(d) for d in c.dtypes)}
                         | {r.dtype.name for r in plan.returned if _needs_x64(r.dtype)})
 
+    constants = Constants()
+    handler = Handler(kernel, plan, constants)
+    target = f"memkernel_{spec.name}_{next(_TARGETS)}"
+    jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(handler.function), platform="cpu")
+    _HANDLERS.append(handler)
+
     def run(values: list[Any]) -> tuple[np.ndarray, ...]:
         """The kernel on the host: ``values`` are numpy arrays and Python or numpy scalars."""
         for i in written:
@@ -84,24 +97,17 @@ def make_jax_function(kernel: Callable[..., Any], plan: OpPlan) -> Callable[...,
             raise ArgumentError(f"{spec.name}(): the kernel takes or returns {', '.join(x64_dtypes)}, which JAX "
                                 "holds only with 64-bit types enabled: jax.config.update('jax_enable_x64', True).")
         plan.check(values, _dtype_of, _shape_of, _cast)
-        traced = [k for k, (c, v) in enumerate(zip(plan.inputs, values))
-                  if isinstance(c, BufferContract) or isinstance(v, jax.core.Tracer)]
-        if not any(isinstance(values[k], jax.core.Tracer) for k in traced):  # concrete arrays: no callback
-            host = [np.asarray(v) if k in traced else v for k, v in enumerate(values)]
+        operands = [k for k, (c, v) in enumerate(zip(plan.inputs, values))
+                    if isinstance(c, BufferContract) or isinstance(v, jax.core.Tracer)]
+        if not any(isinstance(values[k], jax.core.Tracer) for k in operands):  # concrete arrays: a plain call
+            host = [np.asarray(v) if k in operands else v for k, v in enumerate(values)]
             return finish(tuple(jnp.asarray(x) for x in run(host)))
         shapes = plan.shapes(values, _shape_of)
         results = [jax.ShapeDtypeStruct(s, r.dtype) for s, r in zip(shapes, plan.returned)]
         results += [jax.ShapeDtypeStruct(values[i].shape, values[i].dtype) for i in written]
-
-        def on_host(*operands: Any) -> tuple[np.ndarray, ...]:
-            host = list(values)
-            for k, operand in zip(traced, operands):
-                array = np.asarray(operand)
-                host[k] = array if isinstance(plan.inputs[k], BufferContract) else array[()]
-            return run(host)
-
-        return finish(tuple(jax.pure_callback(on_host, tuple(results), *(values[k] for k in traced),
-                                              vmap_method=VMAP_METHOD)))
+        number = np.int32(constants.number(values, operands))
+        returned = jax.ffi.ffi_call(target, results, vmap_method=VMAP_METHOD)(number, *(values[k] for k in operands))
+        return finish(tuple(returned))
 
     call.__name__ = call.__qualname__ = spec.name
     call.__doc__ = f"The memkernel kernel @{spec.name} as a JAX function (see Kernel.as_jax)."

@@ -129,3 +129,42 @@ def test_output_no_rule_shapes_is_refused():
 def test_as_jax_is_made_once():
     kernel = mlir_kernel(ADD)(lambda a, b: None)
     assert kernel.as_jax() is kernel.as_jax()
+
+
+def test_scalar_results_with_x64_are_zero_dim_arrays():
+    two = mlir_kernel(TWO_RESULTS)(lambda x, n: None).as_jax()
+    with jax.enable_x64(True):
+        x, n = jax.jit(two)(jnp.float64(1.5), jnp.int32(7))
+    assert (x.dtype, x.shape, float(x)) == (jnp.float64, (), 1.5)
+    assert (n.dtype, n.shape, int(n)) == (jnp.int32, (), 7)
+
+
+def test_out_of_range_scalar_inside_jit_is_memkernels_error():
+    two = mlir_kernel(TWO_RESULTS)(lambda x, n: None).as_jax()
+    with jax.enable_x64(True), pytest.raises(Exception, match=r"ValueRangeError: two\(\): argument 'n'"):
+        jax.block_until_ready(jax.jit(lambda x: two(x, 2**40))(jnp.float64(1.0)))
+
+
+def test_calls_from_threads_agree_with_jnp(add):
+    import threading
+
+    jitted = jax.jit(add)
+    a = jnp.arange(1000, dtype=jnp.float32)
+    failures = []
+
+    def work():
+        for _ in range(50):
+            if not np.array_equal(jitted(a, a), a + a):
+                failures.append(1)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
+
+
+def test_zero_size_arrays(add):
+    out = jax.jit(add)(jnp.ones(0), jnp.ones(0))
+    assert out.shape == (0,)
