@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..call.binders import CallState, binder_for
 from ..errors import ArgumentError
 from ..model.contract import BufferContract
 from ..model.dtypes import dtype_expression
@@ -66,6 +67,7 @@ def make_jax_function(kernel: Callable[..., Any], plan: OpPlan) -> Callable[...,
                          if isinstance(c, BufferContract) and all(_needs_x64(d) for d in c.dtypes)}
                         | {r.dtype.name for r in plan.returned if _needs_x64(r.dtype)})
 
+    binders = [binder_for(c) for c in plan.inputs]
     constants = Constants()
     handler = Handler(kernel, plan, constants)
     target = f"memkernel_{spec.name}_{next(_TARGETS)}"
@@ -92,7 +94,10 @@ def make_jax_function(kernel: Callable[..., Any], plan: OpPlan) -> Callable[...,
         values = list(bound.arguments.values())
         for k, (contract, value) in enumerate(zip(plan.inputs, values)):
             if isinstance(contract, BufferContract) and not (hasattr(value, "dtype") and hasattr(value, "shape")):
-                values[k] = np.asarray(value)
+                values[k] = binders[k].check(value, CallState())  # Python numbers: converted as a call would
+            elif not isinstance(contract, BufferContract) and isinstance(value, jax.core.Tracer) and value.shape:
+                raise ArgumentError(f"{contract.where()}; got an array {_dtype_of(value).name}"
+                                    f"[{', '.join(map(str, value.shape))}]. Pass one number (a 0-d array).")
         if x64_dtypes and not jax.config.read("jax_enable_x64"):
             raise ArgumentError(f"{spec.name}(): the kernel takes or returns {', '.join(x64_dtypes)}, which JAX "
                                 "holds only with 64-bit types enabled: jax.config.update('jax_enable_x64', True).")

@@ -168,3 +168,31 @@ def test_calls_from_threads_agree_with_jnp(add):
 def test_zero_size_arrays(add):
     out = jax.jit(add)(jnp.ones(0), jnp.ones(0))
     assert out.shape == (0,)
+
+
+def test_python_sequence_is_converted_as_a_call_converts_it(add):
+    np.testing.assert_array_equal(add([1.0, 2.0], np.ones(2, np.float32)), np.array([2.0, 3.0], np.float32))
+
+
+def test_python_sequence_that_would_round_is_refused_as_a_call_refuses_it(add):
+    with pytest.raises(ValueError, match=r"add\(\): argument 'a' .* is not exactly a float32"):
+        add([0.1], np.ones(1, np.float32))
+
+
+def test_traced_array_for_a_scalar_is_an_argument_error_at_trace():
+    scale = mlir_kernel(SCALE)(lambda x, s: None).as_jax()
+    with pytest.raises(ArgumentError, match=r"scale\(\): argument 's' expects f32; got an array float32\[2\]\. "
+                                            r"Pass one number"):
+        jax.jit(scale)(jnp.ones(2), jnp.ones(2))
+
+
+def test_vmap_of_an_in_place_kernel_returns_each_new_value():
+    matvec = mlir_kernel(MATVEC_IN_PLACE)(lambda a, x, y: None).as_jax()
+    a, x, y = jnp.ones((2, 3, 4)), jnp.arange(8.0).reshape(2, 4), jnp.ones((2, 3))
+    np.testing.assert_array_equal(jax.vmap(matvec)(a, x, y), y + jnp.einsum("bij,bj->bi", a, x))
+
+
+def test_grad_is_refused_by_jax():
+    add = mlir_kernel(ADD)(lambda a, b: None).as_jax()
+    with pytest.raises(ValueError, match="cannot be differentiated"):
+        jax.grad(lambda x: add(x, x).sum())(jnp.ones(3))
