@@ -91,7 +91,7 @@ def _array(buffer: _Buffer, dtype: np.dtype) -> np.ndarray:
     if size == 0 or not buffer.data:
         return np.zeros(shape, dtype)
     memory = (ctypes.c_char * size).from_address(buffer.data)
-    return np.frombuffer(memory, dtype).reshape(shape)
+    return np.frombuffer(memoryview(memory), dtype).reshape(shape)
 
 
 class Constants:

@@ -8,6 +8,7 @@ import pytest
 from memkernel import mlir_kernel
 from memkernel.errors import ArgumentError, ShapeError, SignatureError
 from tests.kernels import ADD, MATMUL, MATVEC_IN_PLACE, PAIRS, SCALE, SPREAD, TENSOR_ADD, TWO_RESULTS, copy
+from tests.test_stdio import run_threads
 
 jax = pytest.importorskip("jax", reason="jax is not installed in this environment (the 3.11 venv has it)")
 jnp = jax.numpy
@@ -146,23 +147,14 @@ def test_out_of_range_scalar_inside_jit_is_memkernels_error():
 
 
 def test_calls_from_threads_agree_with_jnp(add):
-    import threading
-
     jitted = jax.jit(add)
     a = jnp.arange(1000, dtype=jnp.float32)
-    failures = []
 
     def work():
         for _ in range(50):
-            if not np.array_equal(jitted(a, a), a + a):
-                failures.append(1)
+            np.testing.assert_array_equal(jitted(a, a), a + a)
 
-    threads = [threading.Thread(target=work) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not failures
+    run_threads(*[work] * 4)
 
 
 def test_zero_size_arrays(add):

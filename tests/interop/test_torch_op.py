@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import threading
 
 import numpy as np
 import pytest
@@ -12,6 +11,7 @@ from memkernel import mlir_kernel
 from memkernel.errors import ArgumentError, MemkernelError, ShapeError, SignatureError
 from tests.kernels import (ADD, MATMUL, MATVEC_IN_PLACE, PAIRS, SCALE, SPREAD, TENSOR_ADD, TWO_RESULTS, UNRANKED_RANK,
                            copy)
+from tests.test_stdio import run_threads
 
 torch = pytest.importorskip("torch", reason="torch is not installed in this environment (the 3.11 venv has it)")
 
@@ -244,20 +244,12 @@ def test_wrong_rank_in_the_fake_is_an_argument_error():
 def test_calls_from_threads_agree_with_torch():
     op = add_op()
     a = torch.randn(1000)
-    expected = a + a
-    failures = []
 
     def work():
         for _ in range(100):
-            if not torch.equal(op(a, a), expected):
-                failures.append(1)
+            torch.testing.assert_close(op(a, a), a + a)
 
-    threads = [threading.Thread(target=work) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not failures
+    run_threads(*[work] * 4)
 
 
 def test_same_name_returns_the_same_op():
