@@ -326,3 +326,12 @@ def test_numpy_call_and_op_agree():
     a, b = np.random.rand(3, 4).astype(np.float32), np.random.rand(4, 2).astype(np.float32)
     op = matmul.as_torch_op(op_name("matmul"))
     np.testing.assert_array_equal(op(torch.from_numpy(a), torch.from_numpy(b)).numpy(), matmul(a, b))
+
+
+def test_a_kernel_of_the_same_name_replaces_the_op_as_a_rerun_cell_does():
+    name = op_name("add")
+    mlir_kernel(ADD, name="add")(lambda a, b: None).as_torch_op(name)
+    doubled = ADD.replace("arith.addf %x0, %x1", "arith.mulf %x0, %x1")
+    op = mlir_kernel(doubled, name="add")(lambda a, b: None).as_torch_op(name)
+    a = torch.arange(4.0)
+    assert torch.equal(op(a, a), a * a)
