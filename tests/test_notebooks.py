@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import re
+from importlib.util import find_spec
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -214,6 +215,18 @@ def test_kernel_renders_itself_as_html(tagged):
     text = "".join(page.text)
     assert "@matmul" in text and "memref<?x?xf32>" in text
     assert result["data"]["text/plain"].startswith("<memkernel.Kernel matmul(")
+
+
+def test_torch_op_section_matches_torch_or_says_torch_is_missing(tagged):
+    if find_spec("torch") is None:
+        assert lines(tagged, "torch-op") == [
+            "torch is not installed here (pip install torch): this section shows nothing."]
+        return
+    assert lines(tagged, "torch-op") == [
+        "eager matches torch: True", "compiled matches torch: True", "and at another size: True",
+        "fake output: torch.Size([7, 2])", "opcheck: {'SUCCESS'}",
+        "ShapeError: matmul(): a has 3 elements on dim 1 but b has 4 on dim 0; @matmul's linalg.matmul needs them "
+        "equal."]
 
 
 def test_fast_pipeline_vectorizes_the_matmul_into_fmas(tagged):
