@@ -678,6 +678,7 @@ def torch_rows(settings: Settings) -> list[Row]:
         return [not_installed(f"torch op, {n:,}×f32, allocating", v) for n in sizes for v in variants]
     import torch
 
+    torch.set_num_threads(1)  # one thread, as the kernel runs on one and numpy's BLAS does in the other rows
     op = add_kernel("torch_add").as_torch_op(f"memkernel_benchmarks::add_{uuid.uuid4().hex[:8]}")
     compiled = torch.compile(lambda a, b: op(a, b), fullgraph=True)
     rows = []
@@ -698,6 +699,8 @@ def jax_rows(settings: Settings) -> list[Row]:
     variants = ("jax.jit(jnp.add)(a, b)", "jax.jit(kernel.as_jax())(a, b), XLA FFI handler")
     if not installed("jax"):
         return [not_installed(f"JAX under jit, {n:,}×f32", v) for n in sizes for v in variants]
+    # One thread for XLA's CPU ops, as the kernel runs on one; XLA reads the flags when JAX starts its backend.
+    os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
     import jax
     import jax.numpy as jnp
 
