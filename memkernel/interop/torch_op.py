@@ -110,6 +110,9 @@ class _Arguments:
             if dtype is None:
                 raise ArgumentError(f"{contract.where()} ({contract.expectation()}); got a {value.dtype} tensor of "
                                     f"shape {tuple(value.shape)}. Pass {_torch_cast(contract.name, contract.element.dtype)}.")
+            if value.layout != torch.strided:
+                raise ArgumentError(f"{contract.where()}; got a {value.layout} tensor. A kernel reads dense memory: "
+                                    f"pass {contract.name}.to_dense().")
             if value.device.type != "cpu":
                 raise ArgumentError(f"{contract.where()}; got a tensor on {value.device}. memkernel kernels run on "
                                     f"the CPU: pass {contract.name}.cpu() (and copy the result back).")

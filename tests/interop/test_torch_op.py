@@ -335,3 +335,13 @@ def test_a_kernel_of_the_same_name_replaces_the_op_as_a_rerun_cell_does():
     op = mlir_kernel(doubled, name="add")(lambda a, b: None).as_torch_op(name)
     a = torch.arange(4.0)
     assert torch.equal(op(a, a), a * a)
+
+
+def test_sparse_tensor_is_an_argument_error_naming_to_dense():
+    with pytest.raises(ArgumentError, match=r"argument 'a' expects memref<\?xf32>; got a torch.sparse_coo tensor\. "
+                                            r"A kernel reads dense memory: pass a.to_dense\(\)\."):
+        add_op()(torch.ones(3).to_sparse(), torch.ones(3))
+
+
+def test_zero_size_tensors():
+    assert add_op()(torch.ones(0), torch.ones(0)).shape == (0,)
