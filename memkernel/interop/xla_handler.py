@@ -84,14 +84,23 @@ _ERROR_CREATE = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.POINTER(_ErrorCreateArg
 _HANDLER = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.POINTER(_CallFrame))
 
 
+class _Memory:
+    """XLA's buffer as numpy reads memory it does not own (the array keeps this object, not the buffer)."""
+
+    __slots__ = ("__array_interface__",)
+
+    def __init__(self, address: int, shape: tuple[int, ...], itemsize: int) -> None:
+        self.__array_interface__ = {"data": (address, False), "shape": shape, "typestr": f"|V{itemsize}",
+                                    "version": 3}
+
+
 def _array(buffer: _Buffer, dtype: np.dtype) -> np.ndarray:
-    """The numpy array over XLA's buffer, in place."""
-    shape = tuple(buffer.dims[k] for k in range(buffer.rank))
-    size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if size == 0 or not buffer.data:
+    """The numpy array over XLA's buffer, in place (any dtype, ml_dtypes' included, through a void view)."""
+    dims = buffer.dims
+    shape = tuple([dims[k] for k in range(buffer.rank)])
+    if not buffer.data or 0 in shape:
         return np.zeros(shape, dtype)
-    memory = (ctypes.c_char * size).from_address(buffer.data)
-    return np.frombuffer(memoryview(memory), dtype).reshape(shape)
+    return np.asarray(_Memory(buffer.data, shape, dtype.itemsize)).view(dtype)
 
 
 class Constants:
@@ -152,7 +161,7 @@ class Handler:
 
     def _execute(self, frame: _CallFrame) -> None:
         args, rets = frame.args.items, frame.rets.items
-        kept, operands = self.constants.call(int(_array(args[0].contents, np.dtype(np.int32))))
+        kept, operands = self.constants.call(ctypes.c_int32.from_address(args[0].contents.data).value)
         values = list(kept)
         for position, k in enumerate(operands, start=1):
             array = _array(args[position].contents, self.dtypes[k])

@@ -76,11 +76,13 @@ def test_output_shaped_by_the_decorated_function():
     np.testing.assert_array_equal(jax.jit(pairs)(x), x[:-1] + x[1:])
 
 
-def test_bfloat16_travels_unchanged():
-    copy_bf16 = mlir_kernel(copy("bf16"))(lambda a: None).as_jax()
-    x = jnp.array([1.5, -2.25], jnp.bfloat16)
-    out = jax.jit(copy_bf16)(x)
-    assert out.dtype == jnp.bfloat16
+@pytest.mark.parametrize("element, dtype", [("bf16", "bfloat16"), ("i1", "bool_"), ("complex<f32>", "complex64"),
+                                            ("f16", "float16"), ("ui8", "uint8")])
+def test_dtypes_travel_unchanged(element, dtype):
+    copy_kernel = jax.jit(mlir_kernel(copy(element))(lambda a: None).as_jax())
+    x = jnp.array([1, 0, 1], getattr(jnp, dtype))
+    out = copy_kernel(x)
+    assert out.dtype == x.dtype
     np.testing.assert_array_equal(out, x)
 
 
