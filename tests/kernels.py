@@ -220,24 +220,7 @@ func.func @matvec(%a: memref<?x?xf32>, %x: memref<?xf32>, %y: memref<?xf32>) {
 }
 """
 
-# out[i] = x[i] + x[i + 1]: out has one element fewer than x, which only the decorated function can say.
-PAIRS = """
-func.func @pairs(%x: memref<?xf32>, %out: memref<?xf32>) {
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
-  %n = memref.dim %out, %c0 : memref<?xf32>
-  scf.for %i = %c0 to %n step %c1 {
-    %j = arith.addi %i, %c1 : index
-    %a = memref.load %x[%i] : memref<?xf32>
-    %b = memref.load %x[%j] : memref<?xf32>
-    %s = arith.addf %a, %b : f32
-    memref.store %s, %out[%i] : memref<?xf32>
-  }
-  return
-}
-"""
-
-# Copies x into a 2-d output of its own shape pattern's rank but not of its pattern: nothing ties them.
+# Writes nothing into a 2-d output that nothing ties to x, and that no input's shape pattern matches.
 SPREAD = """
 func.func @spread(%x: memref<?xf32>, %out: memref<?x?xf32>) {
   return

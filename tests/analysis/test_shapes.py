@@ -13,8 +13,6 @@ import pytest
 
 from memkernel import ShapeError, SignatureError, mlir_kernel
 
-from tests.kernels import PAIRS
-
 from ..fastpath.conftest import with_fast_path
 
 REPO = str(Path(__file__).resolve().parents[2])
@@ -454,6 +452,21 @@ LOOP_MATMUL = """func.func @mm(%a: memref<?x?xf32>, %b: memref<?x?xf32>, %c: mem
         memref.store %s, %c[%i, %j] : memref<?x?xf32>
       }
     }
+  }
+  return
+}"""
+
+# y[i] = x[i] + x[i + 1] for each i of y: x must reach one past y's end.
+PAIRS = """func.func @pairs(%x: memref<?xf32>, %y: memref<?xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %n = memref.dim %y, %c0 : memref<?xf32>
+  scf.for %i = %c0 to %n step %c1 {
+    %next = arith.addi %i, %c1 : index
+    %u = memref.load %x[%i] : memref<?xf32>
+    %v = memref.load %x[%next] : memref<?xf32>
+    %s = arith.addf %u, %v : f32
+    memref.store %s, %y[%i] : memref<?xf32>
   }
   return
 }"""
