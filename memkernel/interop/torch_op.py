@@ -164,8 +164,19 @@ def make_torch_op(kernel: Callable[..., Any], plan: OpPlan, qualname: str) -> An
     def finish(tensors: tuple[torch.Tensor, ...]) -> Any:
         return None if count == 0 else tensors[0] if count == 1 else tensors
 
-    def run(*args: Any) -> Any:
-        values = arguments.convert(args)
+    signature = _signature(plan, made_by)
+    n_inputs = len(plan.inputs)
+
+    def full(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """Every parameter's value: torch leaves out trailing arguments that equal their defaults."""
+        if len(args) == n_inputs and not kwargs:
+            return args
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return tuple(bound.arguments.values())
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        values = arguments.convert(full(args, kwargs))
         returned = as_tuple(kernel(*values), count)
         return finish(tuple(_to_tensor(v, d, values) for v, d in zip(returned, dtypes)))
 
@@ -175,7 +186,8 @@ def make_torch_op(kernel: Callable[..., Any], plan: OpPlan, qualname: str) -> An
     def cast(name: str, dtype: np.dtype) -> str:
         return _torch_cast(name, dtype)
 
-    def fake(*args: Any) -> Any:
+    def fake(*args: Any, **kwargs: Any) -> Any:
+        args = full(args, kwargs)
         plan.check(args, arguments.numpy_dtype, shape_of, cast)
         shapes = plan.shapes(args, shape_of)
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
@@ -183,7 +195,7 @@ def make_torch_op(kernel: Callable[..., Any], plan: OpPlan, qualname: str) -> An
 
     _claim(qualname, plan.name, made_by)
     run.__name__ = run.__qualname__ = plan.name
-    run.__signature__ = _signature(plan, made_by)  # type: ignore[attr-defined]
+    run.__signature__ = signature  # type: ignore[attr-defined]
     try:
         op = torch.library.custom_op(qualname, run, mutates_args=plan.written)
     except (RuntimeError, ValueError, TypeError) as exc:
