@@ -390,3 +390,8 @@ def test_int_scalar_out_of_range_is_memkernels_value_range_error():
     with pytest.raises(ValueRangeError, match=r"shift\(\): argument 'k' expects i32: value 1099511627776 is out of "
                                               r"range for i32"):
         shift_op()(torch.arange(4, dtype=torch.int32), 2**40)
+
+
+def test_torch_vmap_runs_the_op_per_batch_element():
+    a, b = torch.randn(5, 3, 4), torch.randn(5, 4, 2)
+    torch.testing.assert_close(torch.vmap(matmul_op())(a, b), torch.bmm(a, b))
