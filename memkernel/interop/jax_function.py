@@ -101,13 +101,12 @@ def make_jax_function(kernel: Callable[..., Any], plan: OpPlan) -> Callable[...,
         if x64_dtypes and not jax.config.read("jax_enable_x64"):
             raise ArgumentError(f"{spec.name}(): the kernel takes or returns {', '.join(x64_dtypes)}, which JAX "
                                 "holds only with 64-bit types enabled: jax.config.update('jax_enable_x64', True).")
-        plan.check(values, _dtype_of, _shape_of, _cast)
+        shapes = plan.checked_shapes(values, _dtype_of, _shape_of, _cast)
         operands = [k for k, (c, v) in enumerate(zip(plan.inputs, values))
                     if isinstance(c, BufferContract) or isinstance(v, jax.core.Tracer)]
         if not any(isinstance(values[k], jax.core.Tracer) for k in operands):  # concrete arrays: a plain call
             host = [np.asarray(v) if k in operands else v for k, v in enumerate(values)]
             return finish(tuple(jnp.asarray(x) for x in run(host)))
-        shapes = plan.shapes(values, _shape_of)
         results = [jax.ShapeDtypeStruct(s, r.dtype) for s, r in zip(shapes, plan.returned)]
         results += [jax.ShapeDtypeStruct(values[i].shape, values[i].dtype) for i in written]
         number = np.int32(constants.number(values, operands))

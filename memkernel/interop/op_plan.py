@@ -72,9 +72,11 @@ class OpPlan:
         outputs = self.allocator.shapes(values, shape_of) if self.spec.n_outputs else ()
         return tuple(outputs) + tuple(r.shape for r in self.returned[len(outputs):] if r.shape is not None)
 
-    def check(self, values: Sequence[Any], dtype_of: Callable[[Any], np.dtype | None], shape_of: ShapeOf,
-              cast: Callable[[str, np.dtype], str]) -> None:
-        """Raise memkernel's ArgumentError or ShapeError if ``values`` break a contract or a shape rule.
+    def checked_shapes(self, values: Sequence[Any], dtype_of: Callable[[Any], np.dtype | None], shape_of: ShapeOf,
+                       cast: Callable[[str, np.dtype], str]) -> tuple[tuple[Any, ...], ...]:
+        """The shape of every returned value (see :meth:`shapes`), once ``values`` are checked: memkernel's
+        ArgumentError or ShapeError if they break a contract or a shape rule, or if the outputs they shape
+        would (a bound the decorated function's shape breaks), as the call would raise.
 
         ``dtype_of`` gives an array's element type as a numpy dtype (None: the library's dtype has no numpy
         counterpart), ``shape_of`` its shape (sizes may be symbolic, which the rules only compare), ``cast``
@@ -95,9 +97,11 @@ class OpPlan:
                     fix += f" with shape {contract.shape_text()}"
                 raise ArgumentError(f"{contract.where()} ({contract.expectation()}); got {given}. Pass {fix}.")
             shapes.append(shape)
-        shapes += [None] * self.spec.n_outputs
-        self.spec.shapes.check(self.name, self.spec.argument_names, shapes,
-                               allocated=range(self.spec.n_inputs, len(shapes)))
+        names, allocated = self.spec.argument_names, range(self.spec.n_inputs, len(self.spec.contracts))
+        self.spec.shapes.check(self.name, names, shapes + [None] * self.spec.n_outputs, allocated)
+        returned = self.shapes(values, shape_of)
+        self.spec.shapes.check(self.name, names, shapes + list(returned[:self.spec.n_outputs]), allocated)
+        return returned
 
 
 def returns_nothing(function: Callable[..., Any]) -> bool:

@@ -188,8 +188,7 @@ def make_torch_op(kernel: Callable[..., Any], plan: OpPlan, qualname: str) -> An
 
     def fake(*args: Any, **kwargs: Any) -> Any:
         args = full(args, kwargs)
-        plan.check(args, arguments.numpy_dtype, shape_of, cast)
-        shapes = plan.shapes(args, shape_of)
+        shapes = plan.checked_shapes(args, arguments.numpy_dtype, shape_of, cast)
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
         return finish(tuple(torch.empty(s, dtype=t, device=device) for s, t in zip(shapes, torch_dtypes)))
 

@@ -9,7 +9,7 @@ from memkernel import mlir_kernel
 from memkernel.errors import ArgumentError, ShapeError, SignatureError
 from tests.kernels import ADD, MATMUL, MATVEC_IN_PLACE, SCALE, SPREAD, TENSOR_ADD, TWO_RESULTS, copy
 from tests.test_stdio import run_threads
-from tests.ufunc.test_gufunc import PAIRS
+from tests.ufunc.test_gufunc import NON_NEGATIVE, PAIRS
 
 jax = pytest.importorskip("jax", reason="jax is not installed in this environment (the 3.11 venv has it)")
 jnp = jax.numpy
@@ -114,10 +114,17 @@ def test_64_bit_types_without_x64_are_refused():
         two(1.5, 3)
 
 
+def test_output_shape_past_a_bound_is_a_shape_error_at_trace():
+    pairs = mlir_kernel(PAIRS)(lambda x: (x.shape[0] + 1,)).as_jax()  # out would make the kernel read past x
+    with pytest.raises(ShapeError, match=r"pairs\(\): x has 4 elements on dim 0 but @pairs's memref.load reaches"):
+        jax.jit(pairs)(jnp.ones(4))
+
+
 def test_kernel_error_inside_jit_reaches_the_caller_with_memkernels_message():
-    pairs = mlir_kernel(PAIRS)(lambda x: (x.shape[0] + 1,)).as_jax()  # reads past x's end: a bound check
-    with pytest.raises(Exception, match=r"ShapeError: pairs\(\)"):
-        jax.block_until_ready(jax.jit(pairs)(jnp.ones(4)))
+    check = mlir_kernel(NON_NEGATIVE)(lambda x: None).as_jax()
+    with pytest.raises(Exception, match=r"KernelAssertionError: non_negative\(\): the kernel stopped at a failed "
+                                        r"assertion:\nx must not be negative"):
+        jax.block_until_ready(jax.jit(check)(jnp.array([1.0, -1.0])))
 
 
 def test_result_with_dynamic_dims_is_refused():

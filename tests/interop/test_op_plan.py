@@ -51,13 +51,13 @@ def test_check_reads_the_library_s_dtype_and_names_its_cast():
     plan = plan_of(mlir_kernel(MATMUL)(lambda a, b: None))
     wrong = SimpleNamespace(shape=(2, 3), dtype=np.dtype(np.float64))
     with pytest.raises(ArgumentError, match=r"argument 'a' .*; got float64\[2, 3\]\. Pass CAST\(a, float32\)\.$"):
-        plan.check([wrong, symbolic(3, 4)], lambda v: v.dtype, shape_of, lambda n, d: f"CAST({n}, {d.name})")
+        plan.checked_shapes([wrong, symbolic(3, 4)], lambda v: v.dtype, shape_of, lambda n, d: f"CAST({n}, {d.name})")
 
 
 def test_check_applies_the_ties():
     plan = plan_of(mlir_kernel(MATMUL)(lambda a, b: None))
     with pytest.raises(ShapeError, match="a has 3 elements on dim 1 but b has 4 on dim 0"):
-        plan.check([symbolic(2, 3), symbolic(4, 5)], lambda v: v.dtype, shape_of, lambda n, d: n)
+        plan.checked_shapes([symbolic(2, 3), symbolic(4, 5)], lambda v: v.dtype, shape_of, lambda n, d: n)
 
 
 @pytest.mark.parametrize("function, expected", [
@@ -87,3 +87,10 @@ def test_without_the_library_it_is_a_missing_dependency_error(monkeypatch, libra
     with pytest.raises(MissingDependencyError, match=rf"matmul.{method}\(\) needs {library}, which cannot be "
                                                      rf"imported here .* pip install {library}"):
         call("x::y") if method == "as_torch_op" else call()
+
+
+def test_an_output_the_function_shapes_past_a_bound_is_a_shape_error_before_the_call():
+    plan = plan_of(mlir_kernel(PAIRS)(lambda x: (x.shape[0] + 1,)))
+    with pytest.raises(ShapeError, match=r"pairs\(\): x has 4 elements on dim 0 but @pairs.s memref.load reaches up "
+                                         r"to index 4 there \(out dim 0 = 5\); pass at least 5\."):
+        plan.checked_shapes([np.ones(4, np.float32)], lambda v: v.dtype, shape_of, lambda n, d: n)

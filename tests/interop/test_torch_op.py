@@ -395,3 +395,13 @@ def test_int_scalar_out_of_range_is_memkernels_value_range_error():
 def test_torch_vmap_runs_the_op_per_batch_element():
     a, b = torch.randn(5, 3, 4), torch.randn(5, 4, 2)
     torch.testing.assert_close(torch.vmap(matmul_op())(a, b), torch.bmm(a, b))
+
+
+def test_fake_refuses_an_output_shape_past_a_bound():
+    @mlir_kernel(PAIRS)
+    def pairs(x):
+        return (x.shape[0] + 1,)  # out would make the kernel read past x's end
+
+    op = pairs.as_torch_op(op_name("pairs"))
+    with pytest.raises(ShapeError, match=r"pairs\(\): x has 4 elements on dim 0 but @pairs's memref.load reaches"):
+        op(torch.empty(4, device="meta"))
