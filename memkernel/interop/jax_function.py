@@ -109,7 +109,7 @@ def make_jax_function(kernel: Callable[..., Any], plan: OpPlan) -> Callable[...,
             return finish(tuple(jnp.asarray(x) for x in run(host)))
         results = [jax.ShapeDtypeStruct(s, r.dtype) for s, r in zip(shapes, plan.returned)]
         results += [jax.ShapeDtypeStruct(values[i].shape, values[i].dtype) for i in written]
-        number = np.int32(constants.number(values, operands))
+        number = np.int32(constants.number(values, [(k, _dtype_of(values[k])) for k in operands]))
         returned = jax.ffi.ffi_call(target, results, vmap_method=VMAP_METHOD)(number, *(values[k] for k in operands))
         return finish(tuple(returned))
 

@@ -105,16 +105,17 @@ def _array(buffer: _Buffer, dtype: np.dtype) -> np.ndarray:
 
 class Constants:
     """The trace-time scalars of a kernel's calls, each set kept once under a number (a jitted program
-    reuses its number at every run), with the parameters that travel as operands instead."""
+    reuses its number at every run), with the parameters that travel as operands instead and their dtypes."""
 
     def __init__(self) -> None:
         self._numbers: dict[tuple[Any, ...], int] = {}
-        self._calls: list[tuple[tuple[Any, ...], tuple[int, ...]]] = []
+        self._calls: list[tuple[tuple[Any, ...], tuple[tuple[int, np.dtype], ...]]] = []
         self._lock = threading.Lock()
 
-    def number(self, values: Sequence[Any], operands: Sequence[int]) -> int:
-        """The number of a call whose parameters are ``values``, but for ``operands`` (their positions)."""
-        kept = tuple(None if k in operands else v for k, v in enumerate(values))
+    def number(self, values: Sequence[Any], operands: Sequence[tuple[int, np.dtype]]) -> int:
+        """The number of a call whose parameters are ``values``, but for ``operands`` (position, dtype)."""
+        positions = {k for k, _ in operands}
+        kept = tuple(None if k in positions else v for k, v in enumerate(values))
         key = (tuple(operands), tuple((type(v).__qualname__, repr(v)) for v in kept))
         with self._lock:
             number = self._numbers.get(key)
@@ -123,8 +124,9 @@ class Constants:
                 self._calls.append((kept, tuple(operands)))
             return number
 
-    def call(self, number: int) -> tuple[tuple[Any, ...], tuple[int, ...]]:
-        """The kept parameters (None where an operand goes) and the operands' positions of call ``number``."""
+    def call(self, number: int) -> tuple[tuple[Any, ...], tuple[tuple[int, np.dtype], ...]]:
+        """The kept parameters (None where an operand goes) and the operands (position, dtype) of call
+        ``number``."""
         return self._calls[number]
 
 
@@ -138,7 +140,6 @@ class Handler:
         self.buffers = {k for k, c in enumerate(inputs) if isinstance(c, BufferContract)}
         self.written = [k for k, c in enumerate(inputs) if isinstance(c, BufferContract) and c.may_write]
         self.n_outputs = plan.spec.n_outputs
-        self.dtypes = [c.element.dtype for c in inputs]
         self.function = _HANDLER(self._call)
 
     def _call(self, frame_pointer: Any) -> int | None:
@@ -163,13 +164,13 @@ class Handler:
         args, rets = frame.args.items, frame.rets.items
         kept, operands = self.constants.call(ctypes.c_int32.from_address(args[0].contents.data).value)
         values = list(kept)
-        for position, k in enumerate(operands, start=1):
-            array = _array(args[position].contents, self.dtypes[k])
+        for position, (k, dtype) in enumerate(operands, start=1):
+            array = _array(args[position].contents, dtype)
             values[k] = array if k in self.buffers else array[()]
         returned = self.plan.returned
         results = [_array(rets[j].contents, r.dtype) for j, r in enumerate(returned)]
         for j, k in enumerate(self.written, start=len(returned)):
-            copy = _array(rets[j].contents, self.dtypes[k])
+            copy = _array(rets[j].contents, values[k].dtype)
             np.copyto(copy, values[k])
             values[k] = copy
         outputs = results[:self.n_outputs]
