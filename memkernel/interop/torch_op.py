@@ -84,6 +84,7 @@ class _Arguments:
 
     def __init__(self, plan: OpPlan, made_by: str) -> None:
         self.plan = plan
+        self.written = [k for k, c in enumerate(plan.inputs) if isinstance(c, BufferContract) and c.may_write]
         self.accepted: list[dict[torch.dtype, np.dtype] | None] = []
         for contract in plan.inputs:
             if isinstance(contract, ScalarContract):
@@ -122,6 +123,11 @@ class _Arguments:
             if tensor.is_neg():
                 tensor = tensor.resolve_neg()
             values.append(_to_numpy(tensor, dtype))
+        for k in self.written:  # an input the kernel writes is read by the others as it was before the call
+            for j, value in enumerate(values):
+                if j != k and j not in self.written and isinstance(value, np.ndarray) and np.may_share_memory(
+                        value, values[k]):
+                    values[j] = value.copy()
         return values
 
 

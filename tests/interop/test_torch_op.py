@@ -405,3 +405,10 @@ def test_fake_refuses_an_output_shape_past_a_bound():
     op = pairs.as_torch_op(op_name("pairs"))
     with pytest.raises(ShapeError, match=r"pairs\(\): x has 4 elements on dim 0 but @pairs's memref.load reaches"):
         op(torch.empty(4, device="meta"))
+
+
+def test_input_that_is_also_the_written_argument_is_read_as_it_was():
+    y = torch.tensor([3.0, 0.0, 3.0])
+    expected = y + torch.ones(3, 3) @ y
+    matvec_op()(torch.ones(3, 3), y, y)
+    torch.testing.assert_close(y, expected)
