@@ -348,48 +348,37 @@ def test_zero_size_tensors():
     assert add_op()(torch.ones(0), torch.ones(0)).shape == (0,)
 
 
-SHIFT = """
-func.func @shift(%x: memref<?xi32>, %k: i32, %flag: i1, %y: memref<?xi32>) {
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
-  %n = memref.dim %x, %c0 : memref<?xi32>
-  scf.for %i = %c0 to %n step %c1 {
-    %v = memref.load %x[%i] : memref<?xi32>
-    %r = arith.addi %v, %k : i32
-    %s = arith.select %flag, %r, %v : i32
-    memref.store %s, %y[%i] : memref<?xi32>
-  }
-  return
-}"""
-
-
-def shift_op():
-    @mlir_kernel(SHIFT)
-    def shift(x: "n", k=1, flag=True) -> "n":
+def test_scalar_defaults_are_in_the_schema():
+    @mlir_kernel(SCALE)
+    def scale(x: "n", s=2.0) -> "n":
         pass
 
-    return shift.as_torch_op(op_name("shift"))
-
-
-def test_scalar_defaults_are_in_the_schema():
-    op = shift_op()
-    x = torch.arange(4, dtype=torch.int32)
-    assert torch.equal(op(x), x + 1)
-    assert torch.equal(op(x, flag=False), x)
+    op = scale.as_torch_op(op_name("scale"))
+    x = torch.arange(4.0)
+    assert torch.equal(op(x), x * 2.0)
+    assert "float s=2." in str(op._opoverload._schema)
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_arguments_torch_compile_leaves_at_their_defaults_are_filled_in(dynamic):
-    op = shift_op()
-    x = torch.arange(4, dtype=torch.int32)
-    compiled = torch.compile(lambda x: op(x, 3, True), fullgraph=True, dynamic=dynamic)
-    assert torch.equal(compiled(x), x + 3)
+    @mlir_kernel(SCALE)
+    def scale(x: "n", s=2.0) -> "n":
+        pass
+
+    op = scale.as_torch_op(op_name("scale"))
+    x = torch.arange(4.0)
+    compiled = torch.compile(lambda x: op(x, 2.0), fullgraph=True, dynamic=dynamic)
+    assert torch.equal(compiled(x), x * 2.0)
 
 
 def test_int_scalar_out_of_range_is_memkernels_value_range_error():
-    with pytest.raises(ValueRangeError, match=r"shift\(\): argument 'k' expects i32: value 1099511627776 is out of "
+    @mlir_kernel(TWO_RESULTS)
+    def two(x, n):
+        pass
+
+    with pytest.raises(ValueRangeError, match=r"two\(\): argument 'n' expects i32: value 1099511627776 is out of "
                                               r"range for i32"):
-        shift_op()(torch.arange(4, dtype=torch.int32), 2**40)
+        two.as_torch_op(op_name("two"))(1.5, 2**40)
 
 
 def test_torch_vmap_runs_the_op_per_batch_element():
