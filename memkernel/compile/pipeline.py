@@ -410,7 +410,10 @@ def drop_unused_declarations(module: ir.Module) -> None:
     mentions = _symbol_mentions(module)
     for op in list(module.body.operations):
         op = op.operation
-        if op.name == "func.func" and len(op.regions[0].blocks) == 0 and mentions[_name_of(op)] <= 1:
+        if op.name != "func.func" or len(op.regions[0].blocks) != 0:
+            continue
+        name = _name_of(op)
+        if name is None or mentions[name] <= 1:
             op.erase()
 
 
