@@ -42,7 +42,7 @@ from mlir import ir, passmanager
 from mlir.dialects.transform import interpreter
 
 from . import allocations, i1_storage
-from ..diagnostics import format_diagnostics
+from ..analysis.diagnostics import format_diagnostics
 from ..model.dtypes import SMALL_FLOAT_NAMES, SUB_BYTE_FLOAT_BITS
 from ..errors import CompileError, SignatureError
 from ..options import SCHEDULES, KernelOptions, check_pipeline_choice
