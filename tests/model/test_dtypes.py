@@ -1,7 +1,7 @@
 """Every supported element type through memref arguments and outputs.
 
 References are numpy / ml_dtypes: expected dtypes come from the table below
-(written independently of memkernel/dtypes.py), expected values from numpy or
+(written independently of memkernel/model/dtypes.py), expected values from numpy or
 ml_dtypes arithmetic on the inputs.
 """
 
