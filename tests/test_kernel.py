@@ -16,26 +16,9 @@ import memkernel.kernel
 from memkernel import ArgumentError, Kernel, SignatureError, mlir_kernel
 
 from .forks import exit_code_of_child
-from .kernels import elementwise
+from .kernels import MATMUL, axpy, elementwise
 
-MATMUL = """
-func.func @matmul(%a: memref<?x?xf32>, %b: memref<?x?xf32>, %c: memref<?x?xf32>) {
-  linalg.matmul ins(%a, %b : memref<?x?xf32>, memref<?x?xf32>) outs(%c : memref<?x?xf32>)
-  return
-}"""
-
-AXPY = """
-func.func @axpy(%alpha: f64, %x: memref<?xf64>, %y: memref<?xf64>, %out: memref<?xf64>) {
-  linalg.generic {indexing_maps = [affine_map<(i) -> (i)>, affine_map<(i) -> (i)>, affine_map<(i) -> (i)>],
-                  iterator_types = ["parallel"]}
-      ins(%x, %y : memref<?xf64>, memref<?xf64>) outs(%out : memref<?xf64>) {
-  ^bb0(%a: f64, %b: f64, %o: f64):
-    %m = arith.mulf %alpha, %a : f64
-    %s = arith.addf %m, %b : f64
-    linalg.yield %s : f64
-  }
-  return
-}"""
+AXPY = axpy()
 
 
 @pytest.fixture(scope="module")

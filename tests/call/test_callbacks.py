@@ -411,13 +411,18 @@ func.func @touched(%m: memref<?x?xi32, strided<[?, ?], offset: ?>>) {
     np.testing.assert_array_equal(big, expected)
 
 
-def test_a_callback_that_raises_still_writes_what_it_wrote_before():
-    source = """
-func.func private @half(memref<4xf32>)
-func.func @halved(%m: memref<4xf32>) {
-  func.call @half(%m) : (memref<4xf32>) -> ()
+def calling(callback: str, kernel: str) -> str:
+    """``func.func @kernel(%m: memref<4xf32>)`` that calls ``@callback(%m)`` once."""
+    return f"""
+func.func private @{callback}(memref<4xf32>)
+func.func @{kernel}(%m: memref<4xf32>) {{
+  func.call @{callback}(%m) : (memref<4xf32>) -> ()
   return
-}"""
+}}"""
+
+
+def test_a_callback_that_raises_still_writes_what_it_wrote_before():
+    source = calling("half", "halved")
 
     def half(view):
         view[:2] = 0.5
@@ -431,12 +436,7 @@ func.func @halved(%m: memref<4xf32>) {
 
 
 def test_a_callback_that_changes_its_arrays_shape_in_place_is_an_error():
-    source = """
-func.func private @reshape(memref<4xf32>)
-func.func @reshaped(%m: memref<4xf32>) {
-  func.call @reshape(%m) : (memref<4xf32>) -> ()
-  return
-}"""
+    source = calling("reshape", "reshaped")
 
     def reshape(view):
         view.shape = (2, 2)
