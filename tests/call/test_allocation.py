@@ -102,7 +102,6 @@ func.func @transpose_colsum(%a: memref<?x3xf32>, %t: memref<3x?xf32>, %s: memref
 }
 """
 
-# Two outputs of the inputs' shape pattern: a + b and a - b.
 # c[i, j] = i * cols + j over c's own dims: nothing ties c to a or b, so only the body can shape it.
 IOTA_2D = """
 func.func @iota2d(%a: memref<?x?xf32>, %b: memref<?x?xf32>, %c: memref<?x?xf32>) {
@@ -129,6 +128,7 @@ func.func @untied_two(%a: memref<?xf32>, %b: memref<?xf32>, %s: memref<?xf32>, %
 }
 """
 
+# Two outputs of the inputs' shape pattern: a + b and a - b.
 ADD_SUB = """
 func.func @add_sub(%a: memref<?x{T}>, %b: memref<?x{T}>, %s: memref<?x{T}>, %d: memref<?x{T}>) {{
   linalg.add ins(%a, %b : memref<?x{T}>, memref<?x{T}>) outs(%s : memref<?x{T}>)
