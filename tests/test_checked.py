@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +13,7 @@ import pytest
 from memkernel import CompileError, KernelAssertionError, mlir_kernel
 
 from .kernels import FILL
+from .threads import run_together
 
 REPO = str(Path(__file__).resolve().parents[1])
 F32 = np.float32
@@ -170,11 +170,7 @@ def test_each_thread_gets_its_own_failures():
                 if not ok or result != 1.0:
                     wrong.append(f"a failing call returned {result}")
 
-    threads = [threading.Thread(target=calls, args=(i % 2 == 0,)) for i in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_together(calls, [i % 2 == 0 for i in range(4)])
     assert wrong == []
 
 

@@ -17,6 +17,7 @@ from memkernel import ArgumentError, Kernel, SignatureError, mlir_kernel
 
 from .forks import exit_code_of_child
 from .kernels import MATMUL, axpy, elementwise
+from .threads import run_together
 
 AXPY = axpy()
 
@@ -123,11 +124,7 @@ def test_compile_runs_once_for_concurrent_first_calls(monkeypatch):
         barrier.wait()
         results[i] = kernel(x, x)
 
-    threads = [threading.Thread(target=first_call, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_together(first_call, range(4))
     assert len(calls) == 1
     for r in results:
         np.testing.assert_array_equal(r, x + x)
@@ -173,11 +170,7 @@ def test_calls_from_many_threads_give_each_its_own_answer():
             if not np.array_equal(kernel(a, b), a + b):
                 errors.append(seed)
 
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_together(worker, range(4))
     assert errors == []
 
 

@@ -1,13 +1,13 @@
 """kernel.gufunc(): a real numpy gufunc whose signature comes from the shape rules, checked against numpy."""
 
-import threading
-
 import numpy as np
 import pytest
 
 from memkernel import mlir_kernel
 from memkernel.errors import AllocationError, KernelAssertionError, SignatureError
+
 from ..kernels import ADD, CONV, MATMUL, PAIRS, SCALE, TENSOR_ADD, TWO_RESULTS, UNRANKED_RANK
+from ..threads import run_together
 
 # C = A @ B on static 4x4 memrefs, in the vector dialect: a row of C in a register, one FMA per k.
 MATMUL_4X4_VECTOR = """
@@ -224,11 +224,7 @@ def test_calls_from_several_python_threads_give_numpys_answers(matmul: np.ufunc)
     def run(i: int) -> None:
         results[i] = matmul(a, b)
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_together(run, range(4))
     for got in results:
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
