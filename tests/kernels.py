@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 
 def elementwise(op: str, memref: str, element: str, rank: int, *, n_inputs: int = 2, name: str = "k") -> str:
     """``func.func @name(inputs..., out)`` applying ``op`` (an arith op name) elementwise."""
@@ -143,6 +145,23 @@ func.func @conv(%i: memref<?x?x?x?xf32>, %f: memref<?x?x?x?xf32>, %o: memref<?x?
   return
 }
 """
+
+
+def conv_shape(i, f):
+    """The shape of CONV's output for input ``i`` (NHWC) and filter ``f`` (HWCF): stride 1, no padding.
+
+    Decorated with CONV, so unannotated: a kernel's annotations are dim patterns."""
+    return (i.shape[0], max(0, i.shape[1] - f.shape[0] + 1), max(0, i.shape[2] - f.shape[1] + 1), f.shape[3])
+
+
+def conv_reference(i: np.ndarray, f: np.ndarray) -> np.ndarray:
+    """What CONV computes, in numpy: a sum over the filter's positions of each window times its slice of ``f``."""
+    out = np.zeros(conv_shape(i, f), np.float32)
+    oh, ow = out.shape[1:3]
+    for y in range(f.shape[0]):
+        for x in range(f.shape[1]):
+            out += np.einsum("nhwc,cf->nhwf", i[:, y:y + oh, x:x + ow, :], f[y, x])
+    return out
 
 
 def loop_map(name: str, element: str, *ops: str, scalar: str = "", in_place: bool = False) -> str:
