@@ -1,4 +1,5 @@
-"""The MLIR sources and builders the tests share, one library for every test folder."""
+"""The MLIR sources the tests share, the builders that write them, and what goes with a kernel (shape
+function, numpy reference): one library for every test folder."""
 
 from __future__ import annotations
 
