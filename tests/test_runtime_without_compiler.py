@@ -60,7 +60,7 @@ def source_file(tmp_path):
 
 PACKAGE = Path(memkernel.__file__).parent
 
-RUNTIME_FOLDERS = ("model", "call", "fastpath", "load", "isolate", "ufunc")
+RUNTIME_FOLDERS = ("model", "call", "fastpath", "load", "isolate", "ufunc", "testing")
 """The runtime layer's folders; with them, every module at the package's top but those below."""
 
 COMPILER_SIDE = {
