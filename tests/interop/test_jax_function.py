@@ -7,9 +7,9 @@ import pytest
 
 from memkernel import mlir_kernel
 from memkernel.errors import ArgumentError, ShapeError, SignatureError
-from tests.kernels import ADD, MATMUL, MATVEC_IN_PLACE, SCALE, SPREAD, TENSOR_ADD, TWO_RESULTS, copy
+from tests.kernels import ADD, MATMUL, MATVEC_IN_PLACE, PAIRS, SCALE, SPREAD, TENSOR_ADD, TWO_RESULTS, copy
 from tests.test_stdio import run_threads
-from tests.ufunc.test_gufunc import NON_NEGATIVE, PAIRS
+from tests.ufunc.test_gufunc import NON_NEGATIVE
 
 jax = pytest.importorskip("jax", reason="jax is not installed in this environment (the 3.11 venv has it)")
 jnp = jax.numpy

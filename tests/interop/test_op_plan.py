@@ -11,8 +11,7 @@ import pytest
 from memkernel import mlir_kernel
 from memkernel.errors import ArgumentError, MissingDependencyError, ShapeError
 from memkernel.interop.op_plan import op_plan, returns_nothing
-from tests.kernels import MATMUL, MATVEC_IN_PLACE, TWO_RESULTS
-from tests.ufunc.test_gufunc import PAIRS
+from tests.kernels import MATMUL, MATVEC_IN_PLACE, PAIRS, TWO_RESULTS
 
 
 def plan_of(kernel):

@@ -9,10 +9,9 @@ import pytest
 
 from memkernel import mlir_kernel
 from memkernel.errors import ArgumentError, MemkernelError, ShapeError, SignatureError, ValueRangeError
-from tests.kernels import (ADD, MATMUL, MATVEC_IN_PLACE, SCALE, SPREAD, TENSOR_ADD, TWO_RESULTS, UNRANKED_RANK,
+from tests.kernels import (ADD, MATMUL, MATVEC_IN_PLACE, PAIRS, SCALE, SPREAD, TENSOR_ADD, TWO_RESULTS, UNRANKED_RANK,
                            copy)
 from tests.test_stdio import run_threads
-from tests.ufunc.test_gufunc import PAIRS
 
 torch = pytest.importorskip("torch", reason="torch is not installed in this environment (the 3.11 venv has it)")
 
