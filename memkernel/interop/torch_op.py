@@ -96,8 +96,11 @@ class _Arguments:
                                      f"whose element type {contract.element.dtype.name} torch has no dtype for.")
             self.accepted.append(accepted)
 
-    @staticmethod
-    def numpy_dtype(tensor: torch.Tensor) -> np.dtype | None:
+    def numpy_dtype(self, tensor: torch.Tensor) -> np.dtype | None:
+        """``tensor``'s dtype as numpy's: the kernel's own first (ml_dtypes' among them), then numpy's builtin."""
+        for accepted in self.accepted:
+            if accepted is not None and tensor.dtype in accepted:
+                return accepted[tensor.dtype]
         return _NUMPY_DTYPES.get(tensor.dtype)
 
     def convert(self, args: tuple[Any, ...]) -> list[Any]:

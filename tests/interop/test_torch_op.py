@@ -148,6 +148,13 @@ def test_dtypes_travel_unchanged(element, dtype):
     assert out.dtype == x.dtype and torch.equal(out, x)
 
 
+@pytest.mark.parametrize("element, dtype", [("bf16", "bfloat16"), ("i1", "bool"), ("complex<f32>", "complex64")])
+def test_dtypes_pass_the_fake_under_torch_compile(element, dtype):
+    x = torch.tensor([1, 0, 1], dtype=getattr(torch, dtype))
+    op = mlir_kernel(copy(element))(lambda a: None).as_torch_op(op_name("copy"))
+    assert torch.equal(torch.compile(lambda x: op(x), fullgraph=True)(x), x)
+
+
 def test_conjugate_view_is_read_as_its_values():
     x = torch.tensor([1 + 2j, 3 - 1j], dtype=torch.complex64).conj()
     op = mlir_kernel(copy("complex<f32>"))(lambda a: None).as_torch_op(op_name("copy"))
