@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..call.allocation import OutputAllocator, allocator_for
-from ..errors import ArgumentError, SignatureError
+from ..errors import ArgumentError, ShapeError, SignatureError
 from ..model.contract import BufferContract, ScalarContract
 from ..model.dtypes import describe_dtype
 from ..model.kernel_spec import KernelSpec
@@ -87,15 +87,17 @@ class OpPlan:
                 shapes.append(None)
                 continue
             shape, dtype = tuple(shape_of(value)), dtype_of(value)
-            misshapen = contract.rank is not None and (len(shape) != contract.rank or any(
-                shape[k] != size for k, size in contract.static_dims))
-            if misshapen or dtype not in contract.dtypes:
-                given = f"{describe_dtype(dtype) if dtype is not None else 'a dtype numpy lacks'}" \
-                        f"[{', '.join(str(d) for d in shape)}]"
+            given = f"{describe_dtype(dtype) if dtype is not None else 'a dtype numpy lacks'}" \
+                    f"[{', '.join(str(d) for d in shape)}]"
+            where = f"{contract.where()} ({contract.expectation()}); got {given}"
+            ranked = contract.rank is None or len(shape) == contract.rank
+            if not ranked or dtype not in contract.dtypes:
                 fix = contract.name if dtype in contract.dtypes else cast(contract.name, contract.element.dtype)
-                if misshapen:
-                    fix += f" with shape {contract.shape_text()}"
-                raise ArgumentError(f"{contract.where()} ({contract.expectation()}); got {given}. Pass {fix}.")
+                raise ArgumentError(f"{where}. Pass {fix}{'' if ranked else f' with shape {contract.shape_text()}'}.")
+            for k, size in contract.static_dims:  # as the call's binder says it: a ShapeError
+                if shape[k] != size:
+                    raise ShapeError(f"{where}: dim {k} is {shape[k]}, not {size}. Pass {contract.name} with shape "
+                                     f"{contract.shape_text()}.")
             shapes.append(shape)
         names, allocated = self.spec.argument_names, range(self.spec.n_inputs, len(self.spec.contracts))
         self.spec.shapes.check(self.name, names, shapes + [None] * self.spec.n_outputs, allocated)

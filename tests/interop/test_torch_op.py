@@ -12,6 +12,7 @@ from memkernel.errors import ArgumentError, MemkernelError, ShapeError, Signatur
 from tests.kernels import (ADD, MATMUL, MATVEC_IN_PLACE, PAIRS, SCALE, SPREAD, TENSOR_ADD, TWO_RESULTS, UNRANKED_RANK,
                            copy)
 from tests.test_stdio import run_threads
+from tests.ufunc.test_gufunc import MATMUL_4X4_VECTOR
 
 torch = pytest.importorskip("torch", reason="torch is not installed in this environment (the 3.11 venv has it)")
 
@@ -407,3 +408,13 @@ def test_input_that_is_also_the_written_argument_is_read_as_it_was():
     expected = y + torch.ones(3, 3) @ y
     matvec_op()(torch.ones(3, 3), y, y)
     torch.testing.assert_close(y, expected)
+
+
+def test_wrong_static_dim_is_a_shape_error_in_the_call_and_in_the_fake():
+    op = mlir_kernel(MATMUL_4X4_VECTOR)(lambda a, b: None).as_torch_op(op_name("matmul4"))
+    expected = r"argument 'a' expects memref<4x4xf32> \(float32, 2-d, dim 0 == 4, dim 1 == 4\); got float32\[4, 5\]: " \
+               r"dim 1 is 5, not 4\. Pass "
+    with pytest.raises(ShapeError, match=expected):
+        op(torch.ones(4, 5), torch.ones(4, 4))
+    with pytest.raises(ShapeError, match=expected):
+        op(torch.ones(4, 5, device="meta"), torch.ones(4, 4, device="meta"))
