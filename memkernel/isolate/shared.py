@@ -19,13 +19,26 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..call.descriptors import reach
+from ..fastpath.abi import LAYOUT, fast_path_supported
 
 PAGE = mmap.PAGESIZE
 MIN_SEGMENT = 1 << 20
 
 
-def _address(array: np.ndarray) -> int:
+def _interface_address(array: np.ndarray) -> int:
     return int(array.__array_interface__["data"][0])
+
+
+_read_pointer = ctypes.c_void_p.from_address
+
+
+def address(array: np.ndarray) -> int:
+    """The address of ``array``'s first element (a view's offset included), read from numpy's C field where
+    the fast path reads it (:mod:`memkernel.fastpath.abi`, checked against live arrays once): a fifth of the cost
+    of ``__array_interface__``, which a call would pay for each array."""
+    if type(array) is np.ndarray and fast_path_supported():
+        return _read_pointer(id(array) + LAYOUT.array_data).value or 0
+    return _interface_address(array)
 
 
 class Placed(NamedTuple):
@@ -59,13 +72,15 @@ class _Region(NamedTuple):
 
 
 class Layout:
-    """Where one call's arrays go in the segment; overlapping arrays share a region."""
+    """Where one call's arrays go in the segment (``offsets[i]``: where array ``i``'s first element goes);
+    overlapping arrays share a region."""
 
     def __init__(self, arrays: list[np.ndarray]) -> None:
-        addresses = [_address(a) for a in arrays]
-        spans = sorted((address + low, address + high, i) for i, (a, address) in enumerate(zip(arrays, addresses))
-                       for low, high in (reach(a.shape, a.strides, a.itemsize),))
-        self.placed: list[Placed] = [None] * len(arrays)  # type: ignore[list-item]
+        self._arrays = arrays
+        addresses = [address(a) for a in arrays]
+        spans = sorted([(at + low, at + high, i) for i, (a, at) in enumerate(zip(arrays, addresses))
+                        for low, high in (reach(a.shape, a.strides, a.itemsize),)])
+        self.offsets = addresses  # each replaced below
         self.regions: list[_Region] = []
         cursor = 0
         k = 0
@@ -80,17 +95,20 @@ class Layout:
             start = -(-cursor // PAGE) * PAGE + low % PAGE
             self.regions.append(_Region(low, high, start, arrays[first]))
             for i in members:
-                a = arrays[i]
-                self.placed[i] = Placed(start + addresses[i] - low, a.shape, a.strides, a.dtype.type, a.flags.writeable)
+                self.offsets[i] = start + addresses[i] - low
             cursor = start + high - low
         self.size = cursor
 
-    def copy_into(self, buffer: Any) -> None:
-        """Copy every region's bytes from the caller's memory to its place in ``buffer`` (a mapping of the
-        segment): one ``memmove`` per region, gaps between a view's elements included, so a broadcast view
-        of 2**40 elements copies its few bytes, not 2**40 elements."""
-        target = np.frombuffer(buffer, np.uint8)
-        start = target.ctypes.data
+    @property
+    def placed(self) -> list[Placed]:
+        """Each array as the other process rebuilds it."""
+        return [Placed(offset, a.shape, a.strides, a.dtype.type, a.flags.writeable)
+                for offset, a in zip(self.offsets, self._arrays)]
+
+    def copy_into(self, start: int) -> None:
+        """Copy every region's bytes from the caller's memory to its place in the segment mapped at ``start``:
+        one ``memmove`` per region, gaps between a view's elements included, so a broadcast view of 2**40
+        elements copies its few bytes, not 2**40 elements."""
         for region in self.regions:
             ctypes.memmove(start + region.offset, region.low, region.high - region.low)
 
@@ -101,6 +119,16 @@ class Layout:
             if region.offset <= offset and offset + nbytes <= region.offset + region.high - region.low:
                 return region.low + offset - region.offset, region.owner
         return None
+
+
+def copy_back(array: np.ndarray, segment: Segment, offset: int) -> None:
+    """Copy into ``array`` the elements of its copy at ``offset`` in ``segment``: its elements only (a view's
+    gaps are left alone), in one ``memmove`` when they are all its bytes (a contiguous array)."""
+    if array.flags.c_contiguous or array.flags.f_contiguous:
+        ctypes.memmove(address(array), segment.address + offset, array.nbytes)
+    else:
+        np.copyto(array, np.ndarray(array.shape, array.dtype, buffer=segment.map, offset=offset,
+                                    strides=array.strides), casting="no")
 
 
 def page_aligned(data: bytes) -> np.ndarray:
@@ -126,6 +154,7 @@ class Segment:
         except BaseException:
             os.close(self.fd)
             raise
+        self.address = address(np.frombuffer(self.map, np.uint8))
 
     def close(self) -> None:
         """Unmap and close (views of it must be gone); closing twice does nothing."""
