@@ -93,8 +93,12 @@ ROWS = {
                                                      "memkernel loop, checked=True"],
     "checked=True, matmul 256³ f32, pipeline=fast": ["memkernel matmul, unchecked (base)",
                                                      "memkernel matmul, checked=True"],
-    "isolate=True, add, 16×f32, out=": ["memkernel add, in process (base)", "memkernel add, isolate=True"],
+    "isolate=True, add, 16×f32, out=": ["np.add(a, b, out=c)", "memkernel add, in process",
+                                        "memkernel add, isolate=True",
+                                        "memkernel add, isolate=True, shared_empty arrays"],
     "isolate=True, add, 1,000,000×f32, out=": ["memkernel add, in process (base)", "memkernel add, isolate=True"],
+    "isolate=True, add, 1,000,000×f32 in shared_empty arrays, out=": ["memkernel add, in process (base)",
+                                                                       "memkernel add, isolate=True"],
 }
 # The rows with a target, which show a verdict ("≥ 0.9: met" or "...: MISSED"); the others show "—".
 TARGETED = {
@@ -116,6 +120,8 @@ TARGETED = {
     ("gufunc, 10000 × (8×8 @ 8×8) f32, out=", "memkernel gufunc, vector-dialect memref<8x8xf32> kernel"),
     ("compile, add kernel", "fresh process, disk cache hit"),
     ("compile, add kernel", "MEMKERNEL_COMPILE_WORKER=0, cache=False (compiles here)"),
+    ("isolate=True, add, 16×f32, out=", "memkernel add, isolate=True"),
+    ("isolate=True, add, 1,000,000×f32 in shared_empty arrays, out=", "memkernel add, isolate=True"),
 }
 
 

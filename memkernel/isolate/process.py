@@ -359,7 +359,7 @@ ECHO_CHUNK = 1 << 20
 _lock = threading.Lock()
 _worker: Worker | None = None
 
-dropped: list[str] = []
+dropped: list[int] = []
 """The tokens of isolated kernels that are gone (appended by their finalizers, from any thread)."""
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..call import scalars
-from ..model.contract import BufferContract, Contract, ScalarContract
+from ..model.contract import Contract, ScalarContract
 
 TOKEN = struct.Struct("<q")
 ARRAY_HEAD = struct.Struct("<qqqq")
@@ -65,11 +65,11 @@ class Decoder:
     def __init__(self, contracts: tuple[Contract, ...]) -> None:
         self._arguments: tuple[tuple[struct.Struct | None, Any], ...] = tuple(
             (struct.Struct("<" + c.element.struct_format), c.element) if isinstance(c, ScalarContract)
-            else (None, tuple(c.dtypes)) for c in contracts if isinstance(c, (ScalarContract, BufferContract)))
+            else (None, tuple(c.dtypes)) for c in contracts)
 
     def decode(self, data: Any, at: int, segments: dict[int, mmap.mmap]) -> list[Any]:
         """The arguments packed in ``data`` from ``at`` on (after the token), as views of ``segments``."""
-        arguments = []
+        arguments: list[Any] = []
         for scalar, about in self._arguments:
             if scalar is not None:
                 raw = scalar.unpack_from(data, at)

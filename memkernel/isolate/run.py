@@ -211,7 +211,7 @@ class IsolatedRun:
     def _unavailable(self, unavailable: process.SegmentUnavailable, args: tuple[Any, ...],
                      checked: list[Any]) -> AllocationError:
         error = unavailable.error
-        hint = _SEGMENT_HINTS.get(getattr(error, "errno", None), _SEGMENT_HINT)
+        hint = _SEGMENT_HINTS.get(getattr(error, "errno", 0) or 0, _SEGMENT_HINT)
         return AllocationError(
             f"{self._kernel}({self._summary(args, checked)}): an isolated call passes its arrays through shared "
             f"memory, and {unavailable.size / 2**20:.4g} MiB ({unavailable.size} bytes) of it could not be "
@@ -309,7 +309,8 @@ class IsolatedRun:
             elif kind == "copied":
                 decoded.append(item.view(copied))
             else:
-                decoded.append(IsolatedRun._alias(*item, layout, shared, checked))
+                number, placed = item
+                decoded.append(IsolatedRun._alias(number, placed, layout, shared, checked))
         return tuple(decoded)
 
     @staticmethod

@@ -89,7 +89,8 @@ def _new_segment(nbytes: int) -> tuple[SharedSegment, Any]:
     probe = ctypes.c_char.from_buffer(mapping)
     address = ctypes.addressof(probe)
     del probe  # no export left: the mapping can be closed when the last array goes
-    exporter = type("SharedMemory", (ctypes.c_char * size,), {}).from_address(address)
+    memory: Any = type("SharedMemory", (ctypes.c_char * size,), {})  # a class of its own: weakly referable
+    exporter = memory.from_address(address)
     segment = SharedSegment(next(_numbers), fd, size, mapping, address)
     weakref.finalize(exporter, _release, segment).atexit = False  # arrays may outlive the finalizers at exit
     return segment, exporter

@@ -18,7 +18,7 @@ from memkernel import (AllocationError, ArgumentError, KernelCrashed, KernelTime
                        shared_empty, shared_like)
 
 from ..kernels import elementwise
-from .test_isolate import FIRST_AND_SUM
+from .test_isolate import FIRST_AND_SUM, SPIN
 
 ADD = elementwise("arith.addf", "memref<?xf32>", "f32", 1, name="add")
 
@@ -32,17 +32,8 @@ func.func @write_then_crash(%y: memref<?xf32>, %address: i64) {
   return
 }"""
 
-SPIN_ON = """
-func.func @spin_on(%x: memref<?xf32>, %n: i64) -> i64 {
-  %r = scf.while (%i = %n) : (i64) -> i64 {
-    %go = arith.cmpi sge, %i, %n : i64
-    scf.condition(%go) %i : i64
-  } do {
-  ^bb0(%i: i64):
-    scf.yield %i : i64
-  }
-  return %r : i64
-}"""
+SPIN_ON = SPIN.replace("@spin(%n: i64)", "@spin_on(%x: memref<?xf32>, %n: i64)")
+"""SPIN, with an array argument."""
 
 
 @pytest.fixture(scope="module")
