@@ -93,5 +93,6 @@ def encode_results(results: tuple[Any, ...], segments: dict[int, tuple[int, int]
     for region in layout.regions:
         data[region.offset:region.offset + region.high - region.low] = ctypes.string_at(region.low,
                                                                                         region.high - region.low)
-    items = [("copied", layout.placed[item]) if kind == "copied" else (kind, item) for kind, item in items]
+    placed = layout.placed(copied)
+    items = [("copied", placed[item]) if kind == "copied" else (kind, item) for kind, item in items]
     return Results(items, bytes(data))

@@ -202,19 +202,20 @@ class Worker:
         except OSError as exc:
             raise SegmentUnavailable(size, exc, "made in this process") from None
 
-    def call(self, length: int, body: bytes | None, timeout: float | None = None) -> tuple[str, Any] | None:
-        """Run the call packed in the control block's request body, ``length`` bytes (or in ``body``, when it
-        did not fit):
-        None when it returned nothing to send back, else ``("ok", Results)`` or ``("error", exception)``. Echoes
-        what the worker printed meanwhile.
+    def call(self, request: bytes, timeout: float | None = None) -> tuple[str, Any] | None:
+        """Run the call packed in ``request`` (see :mod:`memkernel.isolate.request`), through the control block
+        (on the socket when it does not fit there): None when it returned nothing to send back, else
+        ``("ok", Results)`` or ``("error", exception)``. Echoes what the worker printed meanwhile.
 
         Raises WorkerDied when the worker ended, WorkerTimedOut (after killing
         it) when ``timeout`` seconds passed; any other exception while waiting
         (a KeyboardInterrupt) kills the worker too, since the channel is then
         out of step.
         """
-        if body is not None:
-            return self.request(("call", body), timeout=timeout)  # type: ignore[no-any-return]
+        length = len(request)
+        if length > control.REQUEST_ROOM:
+            return self.request(("call", request), timeout=timeout)  # type: ignore[no-any-return]
+        self.block[control.REQUEST_AT:control.REQUEST_AT + length] = request
         self._sequence += 1
         control.HEADER.pack_into(self.block, control.REQUEST_HEADER_AT, control.CALL, self._sequence, length)
         try:

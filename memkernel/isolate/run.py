@@ -59,6 +59,50 @@ _tokens = itertools.count()
 """Names each IsolatedRun to the worker (never reused, unlike an id())."""
 
 
+class _Prepared(NamedTuple):
+    """A call made ready before it takes the worker: its checked arguments and outputs, which outputs were
+    allocated, which arrays are copied (and where, ``layout``) and which lie in shared arrays' segments, and its
+    packed request."""
+
+    checked: list[Any]
+    outputs: tuple[Any, ...]
+    fresh: list[bool]
+    copied: list[int]
+    shared: dict[int, tuple[SharedSegment, int]]
+    layout: Layout
+    request: bytes
+
+
+class _Repeat(NamedTuple):
+    """A call's preparation without its arrays, and the key of its arguments: a call whose arguments have the
+    same key (each array an exact ndarray of the same address, shape, strides, dtype and writability; each
+    scalar an int, float or bool of the same type and value; every output given) passes and fails the same
+    checks and is laid out and packed the same way, so a loop's calls are checked once. The arrays themselves
+    are not kept (their memory would be)."""
+
+    key: list[Any]
+    scalars: dict[int, Any]
+    copied: list[int]
+    shared: dict[int, tuple[SharedSegment, int]]
+    layout: Layout
+    request: bytes
+
+
+def _key(values: tuple[Any, ...]) -> list[Any] | None:
+    """What a call's checks, layout and request depend on (see :class:`_Repeat`); None when a value is of a kind
+    whose checks are not that simple (a list, a subclass, a numpy scalar)."""
+    key: list[Any] = []
+    for value in values:
+        kind = type(value)
+        if kind is np.ndarray:
+            key.append((address(value), value.shape, value.strides, value.dtype, value.flags.writeable))
+        elif kind is int or kind is float or kind is bool:
+            key.append((kind, value))
+        else:
+            return None
+    return key
+
+
 class _Held(NamedTuple):
     """The worker's lock, held, and how long the call waited for it."""
 
@@ -85,6 +129,9 @@ class IsolatedRun:
         self._dtype_index = {i: {dtype: k for k, dtype in enumerate(c.dtypes)}
                              for i, c in enumerate(spec.contracts) if isinstance(c, BufferContract)}
         self._encoder = Encoder(spec.contracts)
+        self._repeatable = not spec.signature.results
+        self._none_fresh = [False] * len(spec.contracts)
+        self._last: _Repeat | None = None
         self._definition = Definition.of(spec, options, function)
         self._token = next(_tokens)
         weakref.finalize(self, process.dropped.append, self._token)
@@ -97,48 +144,70 @@ class IsolatedRun:
 
     def __call__(self, args: tuple[Any, ...], given: tuple[Any, ...]) -> Any:
         """The kernel's return value for the bound inputs ``args`` and the outputs ``given`` (None: allocate)."""
-        checked, outputs, fresh = self._checked(args, given)
-        copied, shared = self._placement(checked)
-        layout = Layout([checked[i] for i in copied])
+        prepared = self._repeated(args, given) or self._prepare(args, given)
+        checked = prepared.checked
         lock = self._lock_worker(lambda: f"({self._summary(args, checked)})")
         try:
             worker = self._worker()
             self._define(worker)
             worker.forget_dropped()
-            self._map_shared(worker, shared, args, checked)
-            if not layout.size:  # nothing to copy, nothing to copy back: every array is shared (or empty)
-                places = {i: (s.number, offset) for i, (s, offset) in shared.items()}
-                reply = self._request(worker, self._pack(worker, checked, places), args, checked, lock.waited)
+            self._map_shared(worker, prepared.shared, args, checked)
+            if not prepared.layout.size:  # nothing to copy, nothing to copy back: every array is shared (or empty)
+                reply = self._request(worker, prepared.request, args, checked, lock.waited)
             else:
-                segment = self._segment(worker, layout.size, args, checked)
-                reply = self._copying_call(worker, segment, layout, copied, shared, checked, fresh, args, lock.waited)
+                segment = self._segment(worker, prepared.layout.size, args, checked)
+                reply = self._copying_call(worker, segment, prepared, args, lock.waited)
         finally:
             lock.release()
-        returned = tuple(outputs) + (self._results(self._reply(reply), layout, shared, checked) if reply else ())
+        returned = tuple(prepared.outputs) + (self._results(self._reply(reply), prepared) if reply else ())
         if not returned:
             return None
         return returned[0] if len(returned) == 1 else returned
 
-    def _copying_call(self, worker: process.Worker, segment: Segment, layout: Layout, copied: list[int],
-                      shared: dict[int, tuple[SharedSegment, int]], checked: list[Any], fresh: list[bool],
-                      args: tuple[Any, ...], waited: float) -> tuple[str, Any] | None:
-        """The call, with ``copied`` arrays copied into the call's segment and what the kernel may write copied
-        back."""
+    def _prepare(self, args: tuple[Any, ...], given: tuple[Any, ...]) -> _Prepared:
+        """Check the call, place its arrays and pack its request; remember how, for a call that repeats it."""
+        checked, outputs, fresh = self._checked(args, given)
+        copied, shared = self._placement(checked)
+        layout = Layout([checked[i] for i in copied])
         places = {i: (s.number, offset) for i, (s, offset) in shared.items()}
         for i, offset in zip(copied, layout.offsets):
             places[i] = (CALL_SEGMENT, offset)
+        request = self._pack(checked, places)
+        if self._repeatable and all(g is not None for g in given):
+            key = _key(args + given)
+            if key is not None:
+                scalars = {i: checked[i] for i in self._scalars}
+                self._last = _Repeat(key, scalars, copied, shared, layout, request)
+        return _Prepared(checked, outputs, fresh, copied, shared, layout, request)
+
+    def _repeated(self, args: tuple[Any, ...], given: tuple[Any, ...]) -> _Prepared | None:
+        """The last call's preparation if this call repeats it (see :class:`_Repeat`), else None."""
+        last = self._last
+        if last is None:
+            return None
+        values = args + given
+        if _key(values) != last.key or not all(s.alive for s, _ in last.shared.values()):
+            return None
+        checked = list(values)
+        for i, encoded in last.scalars.items():
+            checked[i] = encoded
+        return _Prepared(checked, given, self._none_fresh, last.copied, last.shared, last.layout, last.request)
+
+    def _copying_call(self, worker: process.Worker, segment: Segment, prepared: _Prepared, args: tuple[Any, ...],
+                      waited: float) -> tuple[str, Any] | None:
+        """The call, its copied arrays copied into the call's segment and what the kernel may write copied back."""
+        layout, checked = prepared.layout, prepared.checked
         # A Ctrl-C during the copies waits for their end: the caller's arrays get all of the kernel's writes or
         # none. While the worker runs the call, it ends the call (the worker is killed).
         with HeldInterrupts() as interrupts:
             layout.copy_into(segment.address)
-            request = self._pack(worker, checked, places)
             interrupts.let_through()
-            reply = self._request(worker, request, args, checked, waited)
+            reply = self._request(worker, prepared.request, args, checked, waited)
             interrupts.holding = True
             # Whatever the worker replied, the kernel's writes reach the caller's arrays, as in process: a
             # failed check (checked=True) stopped the kernel after the writes before it.
-            for i, offset in zip(copied, layout.offsets):
-                if self._written[i] or fresh[i]:
+            for i, offset in zip(prepared.copied, layout.offsets):
+                if self._written[i] or prepared.fresh[i]:
                     copy_back(checked[i], segment, offset)
             worker.needed(layout.size)  # until now: back-to-back long calls keep the segment
         return reply
@@ -174,10 +243,8 @@ class IsolatedRun:
             except process.WorkerDied as died:
                 raise self._crashed(died, self._summary(args, checked), "mapping a shared array") from None
 
-    def _pack(self, worker: process.Worker, checked: list[Any],
-              places: dict[int, tuple[int, int]]) -> tuple[int, bytes | None]:
-        """Write the call's request into the control block (see :mod:`memkernel.isolate.request`); its length,
-        and the packed bytes instead when they do not fit there."""
+    def _pack(self, checked: list[Any], places: dict[int, tuple[int, int]]) -> bytes:
+        """The call's request (see :mod:`memkernel.isolate.request`)."""
         values: list[Any] = [self._token]
         ranks = []
         for i, value in enumerate(checked):
@@ -188,11 +255,7 @@ class IsolatedRun:
             kind = self._dtype_index[i][value.dtype] | (0 if value.flags.writeable else READ_ONLY)
             values += (where, offset, kind, value.ndim, *value.shape, *value.strides)
             ranks.append(value.ndim)
-        packing = self._encoder.struct_for(tuple(ranks))
-        if packing.size > control.REQUEST_ROOM:
-            return packing.size, packing.pack(*values)
-        packing.pack_into(worker.block, control.REQUEST_AT, *values)
-        return packing.size, None
+        return self._encoder.struct_for(tuple(ranks)).pack(*values)
 
     def _checked(self, args: tuple[Any, ...], given: tuple[Any, ...]) -> tuple[list[Any], tuple[Any, ...], list[bool]]:
         """Each argument checked and converted, the outputs allocated, the shape rules checked (the call plan's
@@ -231,17 +294,16 @@ class IsolatedRun:
             )
         return _Held(lock, time.monotonic() - started)
 
-    def _request(self, worker: process.Worker, request: tuple[int, bytes | None], args: tuple[Any, ...],
+    def _request(self, worker: process.Worker, request: bytes, args: tuple[Any, ...],
                  checked: list[Any], waited: float) -> tuple[str, Any] | None:
-        """The worker's reply to the call packed in the control block (``request``: its length, and its bytes
-        when they did not fit there): None when it has
+        """The worker's reply to the call packed in ``request``: None when it has
         nothing to send back, else ``("ok", Results)`` or ``("error", exception)``; KernelCrashed or
         KernelTimeout when it died or took too long."""
         # The budget is the call's: the ``waited`` seconds behind other calls are spent; starting a worker,
         # compiling the kernel in it and copying the arrays in are not.
         remaining = None if self._timeout is None else max(self._timeout - waited, 0.001)
         try:
-            reply = worker.call(*request, timeout=remaining)
+            reply = worker.call(request, timeout=remaining)
         except process.WorkerDied as died:
             raise self._crashed(died, self._summary(args, checked), "running the call") from None
         except process.WorkerTimedOut:
@@ -297,8 +359,7 @@ class IsolatedRun:
         return ", ".join(shown)
 
     @staticmethod
-    def _results(results: Results, layout: Layout, shared: dict[int, tuple[SharedSegment, int]],
-                 checked: list[Any]) -> tuple[Any, ...]:
+    def _results(results: Results, prepared: _Prepared) -> tuple[Any, ...]:
         """The results in the caller: values as they came, aliases as views of the caller's arrays, arrays
         copied out of the worker's memory as views of one buffer (with their strides, sharing as they did)."""
         copied = page_aligned(results.data) if results.data else None
@@ -310,20 +371,21 @@ class IsolatedRun:
                 decoded.append(item.view(copied))
             else:
                 number, placed = item
-                decoded.append(IsolatedRun._alias(number, placed, layout, shared, checked))
+                decoded.append(IsolatedRun._alias(number, placed, prepared))
         return tuple(decoded)
 
     @staticmethod
-    def _alias(number: int, placed: Placed, layout: Layout, shared: dict[int, tuple[SharedSegment, int]],
-               checked: list[Any]) -> np.ndarray:
+    def _alias(number: int, placed: Placed, prepared: _Prepared) -> np.ndarray:
         """A returned memref in segment ``number`` as a view of the caller's memory."""
         dtype = np.dtype(placed.scalar_type)
         low, high = reach(placed.shape, placed.strides, dtype.itemsize)
         found: tuple[int, np.ndarray] | None = None
+        checked = prepared.checked
         if number == CALL_SEGMENT:
-            found = layout.caller_address(placed.offset + low, high - low)
+            found = prepared.layout.caller_address(placed.offset + low, high - low,
+                                                   [checked[i] for i in prepared.copied])
         else:
-            for i, (segment, _) in shared.items():
+            for i, (segment, _) in prepared.shared.items():
                 if segment.number == number and placed.offset + high <= segment.size:
                     found = (segment.address + placed.offset + low, checked[i])
                     break

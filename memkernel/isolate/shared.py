@@ -68,15 +68,16 @@ class _Region(NamedTuple):
     low: int
     high: int
     offset: int
-    owner: np.ndarray
+    owner: int
+    """The index of an array whose memory holds the region."""
 
 
 class Layout:
     """Where one call's arrays go in the segment (``offsets[i]``: where array ``i``'s first element goes);
-    overlapping arrays share a region."""
+    overlapping arrays share a region. It holds no array: a repeated call reuses it (see
+    :mod:`memkernel.isolate.run`)."""
 
     def __init__(self, arrays: list[np.ndarray]) -> None:
-        self._arrays = arrays
         addresses = [address(a) for a in arrays]
         spans = sorted([(at + low, at + high, i) for i, (a, at) in enumerate(zip(arrays, addresses))
                         for low, high in (reach(a.shape, a.strides, a.itemsize),)])
@@ -93,17 +94,16 @@ class Layout:
                 members.append(spans[k][2])
                 k += 1
             start = -(-cursor // PAGE) * PAGE + low % PAGE
-            self.regions.append(_Region(low, high, start, arrays[first]))
+            self.regions.append(_Region(low, high, start, first))
             for i in members:
                 self.offsets[i] = start + addresses[i] - low
             cursor = start + high - low
         self.size = cursor
 
-    @property
-    def placed(self) -> list[Placed]:
-        """Each array as the other process rebuilds it."""
+    def placed(self, arrays: list[np.ndarray]) -> list[Placed]:
+        """Each of ``arrays`` (the ones laid out) as the other process rebuilds it."""
         return [Placed(offset, a.shape, a.strides, a.dtype.type, a.flags.writeable)
-                for offset, a in zip(self.offsets, self._arrays)]
+                for offset, a in zip(self.offsets, arrays)]
 
     def copy_into(self, start: int) -> None:
         """Copy every region's bytes from the caller's memory to its place in the segment mapped at ``start``:
@@ -112,12 +112,12 @@ class Layout:
         for region in self.regions:
             ctypes.memmove(start + region.offset, region.low, region.high - region.low)
 
-    def caller_address(self, offset: int, nbytes: int) -> tuple[int, np.ndarray] | None:
-        """The caller's address of ``nbytes`` at segment ``offset`` and the array that owns it; None if no
-        region holds them."""
+    def caller_address(self, offset: int, nbytes: int, arrays: list[np.ndarray]) -> tuple[int, np.ndarray] | None:
+        """The caller's address of ``nbytes`` at segment ``offset`` and the one of ``arrays`` (the ones laid out)
+        that owns it; None if no region holds them."""
         for region in self.regions:
             if region.offset <= offset and offset + nbytes <= region.offset + region.high - region.low:
-                return region.low + offset - region.offset, region.owner
+                return region.low + offset - region.offset, arrays[region.owner]
         return None
 
 
