@@ -1,5 +1,10 @@
 """An isolated kernel's calls, on the caller's side: check, copy into shared memory, call in the worker, copy back.
 
+Arrays in a shared array's segment (:mod:`memkernel.isolate.shared_arrays`)
+are not copied: the request names their segment, offset and strides. A call
+that repeats its kernel's last one reuses its checks, layout and request
+(see :class:`_Repeat`).
+
 Every rule of a call runs in the caller first, as without isolation: the
 binders check and convert each argument, the outputs ``out=`` leaves out are
 allocated, the shape rules are checked, so every error is raised here, the
