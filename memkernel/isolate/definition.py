@@ -75,14 +75,14 @@ def encode_results(results: tuple[Any, ...], segments: dict[int, tuple[int, int]
     for result in results:
         if isinstance(result, np.ndarray) and result.size:
             address = int(result.__array_interface__["data"][0])
-            placed = None
+            alias: Result | None = None
             for number, (base, size) in segments.items():
                 if base <= address < base + size:
-                    placed = ("alias", (number, Placed(address - base, result.shape, result.strides,
-                                                         result.dtype.type, True)))
+                    alias = ("alias", (number, Placed(address - base, result.shape, result.strides,
+                                                        result.dtype.type, True)))
                     break
-            if placed is not None:
-                items.append(placed)
+            if alias is not None:
+                items.append(alias)
             else:
                 items.append(("copied", len(copied)))
                 copied.append(result)
