@@ -214,7 +214,8 @@ class Worker:
         """
         length = len(request)
         if length > control.REQUEST_ROOM:
-            return self.request(("call", request), timeout=timeout)  # type: ignore[no-any-return]
+            status, value = self.request(("call", request), timeout=timeout)
+            return None if status == "ok" and value is None else (status, value)
         self.block[control.REQUEST_AT:control.REQUEST_AT + length] = request
         self._sequence += 1
         control.HEADER.pack_into(self.block, control.REQUEST_HEADER_AT, control.CALL, self._sequence, length)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import memkernel.isolate
+import memkernel.isolate.control
 from memkernel import (ArgumentError, CompileError, KernelAssertionError, KernelCrashed, KernelTimeout, MemkernelError,
                        ShapeError, SignatureError, mlir_kernel)
 
@@ -688,3 +689,36 @@ def test_a_scalar_of_another_type_in_a_repeated_call_is_checked_again():
     with pytest.raises(ArgumentError, match="expects a real number for f32, got str"):
         scale(x, "2")
     np.testing.assert_array_equal(x, [4, 4, 4, 4])
+
+
+FILLED = """
+func.func @filled(%n: index, %v: f32) -> memref<?xf32> {
+  %m = memref.alloc(%n) : memref<?xf32>
+  linalg.fill ins(%v : f32) outs(%m : memref<?xf32>)
+  return %m : memref<?xf32>
+}"""
+
+
+@pytest.mark.parametrize("n", [4, 1 << 20])  # its pickle fits the control block, or crosses on the socket
+def test_a_returned_array_comes_back_whole_however_large(n):
+    filled = mlir_kernel(FILLED, isolate=True)(lambda n, v: None)
+    np.testing.assert_array_equal(filled(n, 2.5), np.full(n, 2.5, np.float32))
+
+
+def test_a_call_too_large_for_the_control_block_crosses_on_the_socket(monkeypatch, floats):
+    add = add_kernel(isolate=True)
+    a, b = floats
+    monkeypatch.setattr(memkernel.isolate.control, "REQUEST_ROOM", 16)
+    np.testing.assert_array_equal(add(a, b), a + b)
+    np.testing.assert_array_equal(add(a[::2], b[1::2]), a[::2] + b[1::2])
+
+
+def test_a_worker_killed_while_idle_is_replaced_at_the_next_call(floats):
+    add = add_kernel(isolate=True)
+    a, b = floats
+    add(a, b)
+    worker = memkernel.isolate.process.worker()
+    os.kill(worker.process.pid, signal.SIGKILL)
+    worker.process.wait()
+    np.testing.assert_array_equal(add(a, b), a + b)
+    assert memkernel.isolate.process.worker() is not worker
