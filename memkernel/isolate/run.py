@@ -191,8 +191,11 @@ class IsolatedRun:
         if last is None:
             return None
         values = args + given
-        if _key(values) != last.key or not all(s.alive for s, _ in last.shared.values()):
+        if _key(values) != last.key:
             return None
+        for segment, _ in last.shared.values():
+            if not segment.alive:
+                return None
         checked = list(values)
         for i, encoded in last.scalars.items():
             checked[i] = encoded

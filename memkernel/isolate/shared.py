@@ -30,14 +30,19 @@ def _interface_address(array: np.ndarray) -> int:
 
 
 _read_pointer = ctypes.c_void_p.from_address
+_data_field: int | None = None
+"""Where an ndarray holds its data pointer (see :func:`address`); 0 where that layout does not hold."""
 
 
 def address(array: np.ndarray) -> int:
     """The address of ``array``'s first element (a view's offset included), read from numpy's C field where
     the fast path reads it (:mod:`memkernel.fastpath.abi`, checked against live arrays once): a fifth of the cost
     of ``__array_interface__``, which a call would pay for each array."""
-    if type(array) is np.ndarray and fast_path_supported():
-        return _read_pointer(id(array) + LAYOUT.array_data).value or 0
+    global _data_field
+    if _data_field is None:
+        _data_field = LAYOUT.array_data if fast_path_supported() else 0
+    if _data_field and type(array) is np.ndarray:
+        return _read_pointer(id(array) + _data_field).value or 0
     return _interface_address(array)
 
 
