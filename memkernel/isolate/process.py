@@ -132,6 +132,7 @@ class Worker:
         """Have the worker map a shared array's ``segment`` (once); SegmentUnavailable if it cannot."""
         if segment.number in self.mapped:
             return
+        segment.sent = True
         status, error = self.request(("map", segment.number, segment.size), fds=(segment.fd,))
         if status != "ok":
             raise SegmentUnavailable(segment.size, error, "mapped in the worker")

@@ -50,6 +50,8 @@ class SharedSegment:
         self.map = mapping
         self.address = address
         self.alive = True
+        self.sent = False
+        """Whether a worker was given it to map (only then does its release concern a worker)."""
 
 
 class _Table(NamedTuple):
@@ -64,14 +66,16 @@ _writing = threading.Lock()
 _numbers = itertools.count(1)
 
 released: list[int] = []
-"""The numbers of segments no array uses any more, for the worker to unmap (appended from any thread)."""
+"""The numbers of segments a worker mapped that no array uses any more, for the worker to unmap (appended from
+any thread)."""
 
 
 def _release(segment: SharedSegment) -> None:
     """The last array of ``segment`` is going: out of the registry first, then unmapped (no lock: this runs
     wherever the last reference went, possibly inside a registry update)."""
     segment.alive = False
-    released.append(segment.number)
+    if segment.sent:
+        released.append(segment.number)
     segment.map.close()
     os.close(segment.fd)
 
