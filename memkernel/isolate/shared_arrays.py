@@ -193,7 +193,11 @@ def shared_asarray(array: ArrayLike, dtype: DTypeLike | None = None) -> np.ndarr
 
 
 def _forget_in_child() -> None:
+    global _writing
     released.clear()  # the parent's worker unmaps the parent's; the child's worker has mapped none
+    for segment in _table.segments:
+        segment.sent = False
+    _writing = threading.Lock()  # another thread of the parent may have held it at the fork
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
