@@ -220,15 +220,16 @@ class Worker:
         self.block[control.REQUEST_AT:control.REQUEST_AT + length] = request
         self._sequence += 1
         control.HEADER.pack_into(self.block, control.REQUEST_HEADER_AT, control.CALL, self._sequence, length)
+        answered = self._control.to_caller
         try:
             os.eventfd_write(self._control.to_worker, 1)
             ready = self._waiting.poll(None if timeout is None else max(1, int(timeout * 1000 + 0.999)))
             if not ready:
                 self.kill()
                 raise WorkerTimedOut()
-            if not any(fd == self._control.to_caller for fd, _ in ready):
+            if ready[0][0] != answered and (len(ready) == 1 or ready[1][0] != answered):
                 raise self._died() from None
-            os.eventfd_read(self._control.to_caller)
+            os.eventfd_read(answered)
             status, sequence, _ = control.HEADER.unpack_from(self.block, control.REPLY_HEADER_AT)
             assert sequence == self._sequence, (sequence, self._sequence)
             if status == control.DONE:
