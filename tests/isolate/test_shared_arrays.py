@@ -18,6 +18,7 @@ from memkernel import (AllocationError, ArgumentError, KernelCrashed, KernelTime
                        shared_empty, shared_like)
 
 from ..kernels import elementwise
+from ..threads import run_together
 from .test_isolate import FIRST_AND_SUM, SPIN
 
 ADD = elementwise("arith.addf", "memref<?xf32>", "f32", 1, name="add")
@@ -181,11 +182,7 @@ def test_threads_calling_at_once_on_shared_arrays_each_get_their_answer(add):
             if not np.array_equal(out, np.full(64, k + i, np.float32)):
                 errors.append((k, i, out.copy()))
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_together(work, range(4))
     assert not errors
 
 
