@@ -122,14 +122,6 @@ def find(address: int, low: int, high: int) -> SharedSegment | None:
     return None
 
 
-def by_number(number: int) -> SharedSegment | None:
-    """The live segment numbered ``number``, else None."""
-    for segment in _table.segments:
-        if segment.number == number and segment.alive:
-            return segment
-    return None
-
-
 def any_live() -> bool:
     """Whether any shared segment may be live (a cheap test before looking arrays up)."""
     return bool(_table.starts)
