@@ -41,7 +41,7 @@ from mlir import ir
 from mlir.execution_engine import ExecutionEngine
 from mlir.runtime.np_to_memref import get_ranked_memref_descriptor
 
-from memkernel import mlir_kernel
+from memkernel import mlir_kernel, shared_asarray
 from memkernel.compile import pipeline
 from memkernel.load.libraries import find_library
 from memkernel.options import ASYNC_RUNTIME
@@ -913,17 +913,30 @@ def based(rows: list[Row]) -> list[Row]:
 
 
 def isolate_rows(settings: Settings) -> list[Row]:
-    """What isolate=True costs: the add kernel in process and in the worker process, time / in process."""
-    rows: list[Row] = []
+    """What isolate=True costs: the add kernel on 16 floats against np.add, then on large arrays, plain and in
+    shared_empty memory, in the worker process against in process (time / in process)."""
     isolated = mlir_kernel(ADD.format(name="add"), isolate=True)(lambda a, b: None)
     plain = add_kernel()
-    for n, show in ((SMALL, microseconds), (settings.bandwidth_n, milliseconds)):
-        a, b, c = operands(n)
-        rows += compare(f"isolate=True, add, {n:,}×f32, out=", [
-            Case("memkernel add, in process (base)", lambda: plain(a, b, out=c), c),
-            Case("memkernel add, isolate=True", lambda: isolated(a, b, out=c), c),
-        ], a + b, settings, show)
-    return based(rows)
+    a, b, c = operands(SMALL)
+    sa, sb, sc = (shared_asarray(x) for x in (a, b, c))
+    rows = compare(f"isolate=True, add, {SMALL}×f32, out=", [
+        Case("np.add(a, b, out=c)", lambda: np.add(a, b, out=c), c),
+        Case("memkernel add, in process", lambda: plain(a, b, out=c), c),
+        Case("memkernel add, isolate=True", lambda: isolated(a, b, out=c), c, Target(50)),
+        Case("memkernel add, isolate=True, shared_empty arrays", lambda: isolated(sa, sb, out=sc), sc),
+    ], a + b, settings, microseconds)
+    a, b, c = operands(settings.bandwidth_n)
+    rows += based(compare(f"isolate=True, add, {settings.bandwidth_n:,}×f32, out=", [
+        Case("memkernel add, in process (base)", lambda: plain(a, b, out=c), c),
+        Case("memkernel add, isolate=True", lambda: isolated(a, b, out=c), c),
+    ], a + b, settings, milliseconds))
+    sa, sb, sc = (shared_asarray(x) for x in (a, b, c))
+    del a, b, c
+    rows += based(compare(f"isolate=True, add, {settings.bandwidth_n:,}×f32 in shared_empty arrays, out=", [
+        Case("memkernel add, in process (base)", lambda: plain(sa, sb, out=sc), sc),
+        Case("memkernel add, isolate=True", lambda: isolated(sa, sb, out=sc), sc, Target(1.2)),
+    ], sa + sb, settings, milliseconds))
+    return rows
 
 
 def version(distribution: str) -> str:
@@ -1010,8 +1023,9 @@ NOTES = """\
   on either alignment); the other matmul shapes ≥ 0.8; the convolution with
   `pipeline="fast"` ≥ 1.5× numpy's im2col; disk cache hit ≤ 0.2 of the fresh-process
   compile (base B); the 2048³ f32 matmul with `parallel=True` ≥ 0.9 × workers times its
-  serial throughput, and ≥ 0.9 of numpy's on as many OpenBLAS threads. The other rows have
-  no target.
+  serial throughput, and ≥ 0.9 of numpy's on as many OpenBLAS threads; an `isolate=True`
+  call on 16 floats ≤ 50× `np.add(out=)`, and on large `shared_empty` arrays ≤ 1.2× the same
+  call in process. The other rows have no target.
 - Alignment: numpy's own allocations start 16 bytes past a 64-byte boundary; the matmul
   and convolution arrays are placed so (and, in the second 512³ group, 64-byte aligned),
   whatever the allocator happens to return in this run.
@@ -1034,8 +1048,10 @@ NOTES = """\
   it runs on the `local-sync` driver, the one without a thread pool to dispatch to.
 - checked=True rows: the same kernel with and without runtime verification; the ratio is
   time / unchecked time (the checked kernel takes the Python call path, through its guard).
-  isolate=True rows: the add kernel in this process and in the worker process; the ratio is
-  time / in-process time (the worker copies the arrays in and the written one back).
+  isolate=True rows: the add kernel on 16 floats, against `np.add(out=)` (target ≤ 50×); then
+  on large arrays in this process and in the worker process, the ratio time / in-process time:
+  plain arrays are copied into shared memory and the written one back, `memkernel.shared_empty`
+  arrays are not copied (target ≤ 1.2×).
 - Compile rows time decoration through the first call. Base A compiles in the compile worker
   (started before timing); the row after it compiles in this process (`MEMKERNEL_COMPILE_WORKER=0`),
   alternately with A, and shows what the worker adds (target ≤ 1.2×);

@@ -30,6 +30,7 @@ from .errors import (
     ValueRangeError,
 )
 from .foreign import extern
+from .isolate.shared_arrays import shared_asarray, shared_empty, shared_like
 from .kernel import Kernel, mlir_kernel
 
 __version__ = "0.1.0"
@@ -55,4 +56,7 @@ __all__ = [
     "__version__",
     "extern",
     "mlir_kernel",
+    "shared_asarray",
+    "shared_empty",
+    "shared_like",
 ]

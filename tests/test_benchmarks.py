@@ -108,8 +108,12 @@ ROWS = {
                                                      "memkernel loop, checked=True"],
     "checked=True, matmul 256³ f32, pipeline=fast": ["memkernel matmul, unchecked (base)",
                                                      "memkernel matmul, checked=True"],
-    "isolate=True, add, 16×f32, out=": ["memkernel add, in process (base)", "memkernel add, isolate=True"],
+    "isolate=True, add, 16×f32, out=": ["np.add(a, b, out=c)", "memkernel add, in process",
+                                        "memkernel add, isolate=True",
+                                        "memkernel add, isolate=True, shared_empty arrays"],
     "isolate=True, add, 1,000,000×f32, out=": ["memkernel add, in process (base)", "memkernel add, isolate=True"],
+    "isolate=True, add, 1,000,000×f32 in shared_empty arrays, out=": ["memkernel add, in process (base)",
+                                                                       "memkernel add, isolate=True"],
 }
 # The rows with a target, which show a verdict ("≥ 0.9: met" or "...: MISSED"); the others show "—".
 TARGETED = {
@@ -134,6 +138,8 @@ TARGETED = {
     ("start-up, fresh process to first result", "import memkernel, decorate, first call: warm disk cache"),
     ("start-up, fresh process to first result", "the same, empty disk cache (compiles)"),
     ("checked=True, add, 16×f32, out=", "memkernel add, checked=True"),
+    ("isolate=True, add, 16×f32, out=", "memkernel add, isolate=True"),
+    ("isolate=True, add, 1,000,000×f32 in shared_empty arrays, out=", "memkernel add, isolate=True"),
 }
 
 

@@ -265,14 +265,19 @@ class MemRefBinder(_BufferBinder):
         fits = array.ndim == contract.rank and all(array.shape[i] == d for i, d in contract.static_dims)
         return "" if fits else f" with shape {contract.shape_text()}"
 
+    def __init__(self, contract: BufferContract) -> None:
+        super().__init__(contract)
+        self._rank = contract.rank
+        self._static_dims = contract.static_dims  # computed once: a call reads them for every array
+
     def _check_shape(self, array: np.ndarray) -> None:
         contract = self.contract
-        if array.ndim != contract.rank:
+        if array.ndim != self._rank:
             raise ArgumentError(
                 f"{self._where()} ({contract.expectation()}); got {describe_value(array)}. "
                 f"Pass an array of shape {contract.shape_text()}."
             )
-        for i, want in contract.static_dims:
+        for i, want in self._static_dims:
             if array.shape[i] != want:
                 raise ShapeError(
                     f"{self._where()} ({contract.expectation()}); got {describe_value(array)}: "

@@ -6,7 +6,13 @@ call in a worker process:
 
 - The caller checks the arguments and allocates the outputs exactly as
   without isolation, so every error is the same one, raised in the caller.
-- Arrays cross through shared memory (a ``memfd`` both processes map): each
+- A call crosses as a few packed words in a control block both processes map,
+  woken by eventfds (see :mod:`memkernel.isolate.control`,
+  :mod:`memkernel.isolate.request`); a loop's repeated calls are checked once.
+- Arrays made by :func:`~memkernel.shared_empty` (and their views) are in
+  memory the worker maps: the kernel works on them in place, nothing is
+  copied (see :mod:`memkernel.isolate.shared_arrays`).
+- Other arrays cross through shared memory (a ``memfd`` both processes map): each
   is copied in once, and what the kernel may write is copied back into the
   caller's arrays, views and strided ``out=`` included (see
   :mod:`memkernel.isolate.run`); returned memrefs come back as arrays. A
@@ -30,9 +36,9 @@ Python process: the first isolated call pays its start (about a second, the
 import of the MLIR bindings), and each kernel compiles once in it, or loads
 from the disk cache, and is dropped there once its Kernel is gone here.
 
-The kernel works on copies: what other threads of the caller write into the
-arguments during the call is not seen, and addresses (a kernel that returns
-a pointer) are the worker's. The in-process machinery is not used:
+The kernel works on copies, except for shared arrays: what other threads of
+the caller write into copied arguments during the call is not seen, and
+addresses (a kernel that returns a pointer) are the worker's. The in-process machinery is not used:
 ``kernel.invoker.plan`` and ``.fast`` are None and ``.last_path`` stays None.
 """
 

@@ -1,4 +1,4 @@
-"""What crosses to the worker: a kernel's definition, the call's values, the results that come back.
+"""What crosses to the worker as pickles: a kernel's definition, and the results that come back.
 
 A :class:`Definition` is what :func:`~memkernel.mlir_kernel` was given, minus
 what only the caller needs: the worker's kernel is built from the same
@@ -23,12 +23,9 @@ from ..model.kernel_spec import KernelSpec
 from ..options import KernelOptions
 from .shared import Layout, Placed
 
-Value = tuple[str, Any]
-"""One argument of a call: ``("array", Placed)`` in the segment, or ``("value", v)`` sent as it is."""
-
 Result = tuple[str, Any]
-"""One result: ``("value", v)`` as it is, ``("alias", Placed)`` in the segment, or ``("copied", Placed)`` in
-the :class:`Results` bytes."""
+"""One result: ``("value", v)`` as it is, ``("alias", (number, Placed))`` in a segment the worker maps (see
+:mod:`memkernel.isolate.request`), or ``("copied", Placed)`` in the :class:`Results` bytes."""
 
 
 class Results(NamedTuple):
@@ -70,16 +67,22 @@ class Definition:
         return stand_in
 
 
-def encode_results(results: tuple[Any, ...], base: int, size: int) -> Results:
-    """The worker's results as they cross: arrays that lie in the segment (``[base, base + size)``) by place,
-    other arrays as the bytes they span."""
+def encode_results(results: tuple[Any, ...], segments: dict[int, tuple[int, int]]) -> Results:
+    """The worker's results as they cross: arrays that lie in one of the ``segments`` (their address and size by
+    number) by number and place, other arrays as the bytes they span."""
     items: list[Result] = []
     copied: list[np.ndarray] = []
     for result in results:
         if isinstance(result, np.ndarray) and result.size:
             address = int(result.__array_interface__["data"][0])
-            if size and base <= address < base + size:
-                items.append(("alias", Placed(address - base, result.shape, result.strides, result.dtype.type, True)))
+            alias: Result | None = None
+            for number, (base, size) in segments.items():
+                if base <= address < base + size:
+                    alias = ("alias", (number, Placed(address - base, result.shape, result.strides,
+                                                        result.dtype.type, True)))
+                    break
+            if alias is not None:
+                items.append(alias)
             else:
                 items.append(("copied", len(copied)))
                 copied.append(result)
@@ -90,5 +93,6 @@ def encode_results(results: tuple[Any, ...], base: int, size: int) -> Results:
     for region in layout.regions:
         data[region.offset:region.offset + region.high - region.low] = ctypes.string_at(region.low,
                                                                                         region.high - region.low)
-    items = [("copied", layout.placed[item]) if kind == "copied" else (kind, item) for kind, item in items]
+    placed = layout.placed(copied)
+    items = [("copied", placed[item]) if kind == "copied" else (kind, item) for kind, item in items]
     return Results(items, bytes(data))

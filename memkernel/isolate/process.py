@@ -4,7 +4,9 @@ One worker serves every isolated kernel of the process, one call at a time.
 It is a fresh Python running :func:`memkernel.isolate.server.serve`, started at the
 first isolated call and again after a crash or a timeout, in a session of its
 own (a Ctrl-C in the terminal reaches the caller, which then ends the
-worker). Its descriptors 1 and 2 go to files opened for appending; after
+worker). Calls cross through the control block (:mod:`memkernel.isolate.control`),
+the rare messages as pickles on a socket (:mod:`memkernel.isolate.channel`).
+Its descriptors 1 and 2 go to files opened for appending; after
 every request the caller writes what they got since the last request to
 ``sys.stdout``/``sys.stderr``, so what a kernel printed reaches the caller
 even when the worker died right after printing (the worker's C stdout is
@@ -16,6 +18,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import pickle
+import select
 import signal
 import socket
 import subprocess
@@ -25,7 +29,7 @@ import time
 from typing import Any
 
 
-from . import channel, release
+from . import channel, control, release, shared_arrays
 from ..forking import close_descriptor
 from ..subprocesses import appending_file, last_lines, worker_command
 from .shared import Segment
@@ -63,7 +67,7 @@ class SegmentUnavailable(Exception):
 
 
 _PROGRAM = """from memkernel.isolate.server import serve
-serve(int(sys.argv[2]), int(sys.argv[3]))"""
+serve(*map(int, sys.argv[2:]))"""
 """The worker's program (after the safe bootstrap of :mod:`memkernel.subprocesses`)."""
 
 
@@ -75,31 +79,73 @@ class Worker:
         self._outputs = (appending_file(), appending_file())
         self._echoed = [0, 0]
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._control = control.ControlBlock()
         with theirs:
+            inherited = (theirs.fileno(), *self._control.inherited())
             self.process = subprocess.Popen(
-                worker_command(_PROGRAM, str(theirs.fileno()), str(self.owner)),
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=self._outputs[0],
+                worker_command(_PROGRAM, str(theirs.fileno()), str(self.owner),
+                               *map(str, self._control.inherited())),
+                pass_fds=inherited, stdin=subprocess.DEVNULL, stdout=self._outputs[0],
                 stderr=self._outputs[1], start_new_session=True,
                 env={**os.environ, "MEMKERNEL_ISOLATE": "0"},
             )
+        self._control.started()
         self._socket = ours
-        self.defined: set[str] = set()
+        self.block = self._control.map
+        """The control block, where a call is packed (see :mod:`memkernel.isolate.request`)."""
+        self._sequence = 0
+        self._waiting = select.poll()
+        self._waiting.register(self._control.to_caller, select.POLLIN)
+        try:
+            self._death: int | socket.socket = os.pidfd_open(self.process.pid)
+        except OSError:  # no pidfd (Linux before 5.3): the socket hangs up when the worker ends
+            self._death = ours
+        self._waiting.register(self._death, select.POLLIN | select.POLLHUP)
+        self._gone = select.poll()
+        self._gone.register(self._death, select.POLLIN)
+        self.defined: set[int] = set()
+        self.mapped: set[int] = set()
+        """The shared array segments (by number) the worker has mapped."""
         self.segment: Segment | None = None
         self._needed_more = float("-inf")
         """When a call last needed more of the segment than release.KEEP_MAPPED (``time.monotonic()``)."""
         self.request(("hello",))
 
-    def take_dropped(self) -> tuple[str, ...]:
-        """The kernels dropped since the last call, for the worker to drop too (it held them all until now)."""
-        names = []
+    def forget_dropped(self) -> None:
+        """Have the worker drop the kernels dropped here and unmap the shared segments no array uses any more
+        since the last call (one message, only when there are any)."""
+        if not dropped and not shared_arrays.released:
+            return
+        tokens = []
         while dropped:
-            names.append(dropped.pop())
-        self.defined.difference_update(names)
-        return tuple(names)
+            tokens.append(dropped.pop())
+        numbers = []
+        while shared_arrays.released:
+            numbers.append(shared_arrays.released.pop())
+        self.defined.difference_update(tokens)
+        unmap = [n for n in numbers if n in self.mapped]
+        self.mapped.difference_update(unmap)
+        if tokens or unmap:
+            self.request(("forget", tuple(tokens), tuple(unmap)))
+
+    def map_shared(self, segment: shared_arrays.SharedSegment) -> None:
+        """Have the worker map a shared array's ``segment`` (once); SegmentUnavailable if it cannot."""
+        if segment.number in self.mapped:
+            return
+        segment.sent = True
+        status, error = self.request(("map", segment.number, segment.size), fds=(segment.fd,))
+        if status != "ok":
+            raise SegmentUnavailable(segment.size, error, "mapped in the worker")
+        self.mapped.add(segment.number)
 
     def alive(self) -> bool:
-        """Whether this process started the worker and it still runs."""
-        return self.owner == os.getpid() and self.process.poll() is None
+        """Whether this process started the worker and it still runs (one ``poll`` of its pidfd, cheaper than
+        ``Popen.poll``)."""
+        if self.owner != os.getpid() or self.process.returncode is not None or self._control.to_caller < 0:
+            return False
+        if isinstance(self._death, int):
+            return not self._gone.poll(0)
+        return self.process.poll() is None
 
     def segment_for(self, size: int) -> Segment:
         """A segment of at least ``size`` bytes that the worker has mapped: the current one, or a bigger one.
@@ -157,6 +203,55 @@ class Worker:
         except OSError as exc:
             raise SegmentUnavailable(size, exc, "made in this process") from None
 
+    def call(self, request: bytes, timeout: float | None = None) -> tuple[str, Any] | None:
+        """Run the call packed in ``request`` (see :mod:`memkernel.isolate.request`), through the control block
+        (on the socket when it does not fit there): None when it returned nothing to send back, else
+        ``("ok", Results)`` or ``("error", exception)``. Echoes what the worker printed meanwhile.
+
+        Raises WorkerDied when the worker ended, WorkerTimedOut (after killing
+        it) when ``timeout`` seconds passed; any other exception while waiting
+        (a KeyboardInterrupt) kills the worker too, since the channel is then
+        out of step.
+        """
+        length = len(request)
+        if length > control.REQUEST_ROOM:
+            status, value = self.request(("call", request), timeout=timeout)
+            return None if status == "ok" and value is None else (status, value)
+        self.block[control.REQUEST_AT:control.REQUEST_AT + length] = request
+        self._sequence += 1
+        control.HEADER.pack_into(self.block, control.REQUEST_HEADER_AT, control.CALL, self._sequence, length)
+        answered = self._control.to_caller
+        try:
+            os.eventfd_write(self._control.to_worker, 1)
+            ready = self._waiting.poll(None if timeout is None else max(1, int(timeout * 1000 + 0.999)))
+            if not ready:
+                self.kill()
+                raise WorkerTimedOut()
+            if ready[0][0] != answered and (len(ready) == 1 or ready[1][0] != answered):
+                raise self._died() from None
+            os.eventfd_read(answered)
+            status, sequence, _ = control.HEADER.unpack_from(self.block, control.REPLY_HEADER_AT)
+            assert sequence == self._sequence, (sequence, self._sequence)
+            if status == control.DONE:
+                return None
+            if status == control.ON_SOCKET:
+                self._socket.settimeout(None)
+                reply, _ = channel.receive(self._socket)
+                return reply  # type: ignore[no-any-return]
+            (length,) = control.LENGTH.unpack_from(self.block, control.REPLY_AT)
+            start = control.REPLY_AT + control.LENGTH.size
+            value = pickle.loads(self.block[start:start + length])
+            return ("ok", value) if status == control.RESULTS else ("error", value)
+        except (EOFError, ConnectionError):
+            raise self._died() from None
+        except (WorkerTimedOut, WorkerDied):
+            raise
+        except BaseException:
+            self.kill()
+            raise
+        finally:
+            self._echo()
+
     def request(self, message: Any, fds: tuple[int, ...] = (), timeout: float | None = None) -> Any:
         """Send ``message``, wait for the reply and echo what the worker printed meanwhile.
 
@@ -166,6 +261,8 @@ class Worker:
         out of step.
         """
         try:
+            control.HEADER.pack_into(self.block, control.REQUEST_HEADER_AT, control.MESSAGE, 0, 0)
+            os.eventfd_write(self._control.to_worker, 1)
             self._socket.settimeout(timeout)
             channel.send(self._socket, message, fds)
             reply, _ = channel.receive(self._socket)
@@ -187,11 +284,11 @@ class Worker:
         except subprocess.TimeoutExpired:
             self.kill()
             status = self.process.wait()
-        self._socket.close()
         start = self._echoed[1]
         self._echo()
         written = self._read(1, start, self._echoed[1]).decode(errors="replace")
         tail = last_lines(written, TAIL_LINES)
+        self._close_channel()
         if status < 0:
             return WorkerDied(signal.Signals(-status).name, None, tail)
         return WorkerDied(None, status, tail)
@@ -201,13 +298,23 @@ class Worker:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+        self._close_channel()
+
+    def _close_channel(self) -> None:
         self._socket.close()
+        if isinstance(self._death, int) and self._death >= 0:
+            os.close(self._death)
+            self._death = -1
+        self._control.close()
 
     def close(self) -> None:
-        """Ask the worker to end (closing the channel ends its loop); kill it if it does not."""
+        """Ask the worker to end; kill it if it does not."""
         if self.owner != os.getpid():
             return
-        self._socket.close()
+        if self._control.to_worker >= 0 and self.process.poll() is None:
+            control.HEADER.pack_into(self.block, control.REQUEST_HEADER_AT, control.EXIT, 0, 0)
+            os.eventfd_write(self._control.to_worker, 1)
+        self._close_channel()
         try:
             self.process.wait(timeout=2)
         except subprocess.TimeoutExpired:
@@ -224,7 +331,7 @@ class Worker:
         closed and the segment's memory mapped in the child. The buffered
         files close through their raw files (see :mod:`memkernel.forking`).
         """
-        self._socket.close()
+        self._close_channel()
         for file in self._outputs:
             close_descriptor(file)
         if self.segment is not None:
@@ -237,7 +344,9 @@ class Worker:
         """Write what the worker printed since the last echo to ``sys.stdout``/``sys.stderr``."""
         for index, stream in enumerate((sys.stdout, sys.stderr)):
             fd = self._outputs[index].fileno()
-            end = os.fstat(fd).st_size
+            end = os.lseek(fd, 0, os.SEEK_END)  # where the next append goes: what was written (cheaper than fstat)
+            if end == self._echoed[index]:
+                continue
             for start in range(self._echoed[index], end, ECHO_CHUNK):  # bounded memory, however much it printed
                 stream.write(self._read(index, start, min(start + ECHO_CHUNK, end)).decode(errors="replace"))
             if end > self._echoed[index]:
@@ -254,7 +363,7 @@ ECHO_CHUNK = 1 << 20
 _lock = threading.Lock()
 _worker: Worker | None = None
 
-dropped: list[str] = []
+dropped: list[int] = []
 """The tokens of isolated kernels that are gone (appended by their finalizers, from any thread)."""
 
 

@@ -1,5 +1,10 @@
 """An isolated kernel's calls, on the caller's side: check, copy into shared memory, call in the worker, copy back.
 
+Arrays in a shared array's segment (:mod:`memkernel.isolate.shared_arrays`)
+are not copied: the request names their segment, offset and strides. A call
+that repeats its kernel's last one reuses its checks, layout and request
+(see :class:`_Repeat`).
+
 Every rule of a call runs in the caller first, as without isolation: the
 binders check and convert each argument, the outputs ``out=`` leaves out are
 allocated, the shape rules are checked, so every error is raised here, the
@@ -19,29 +24,31 @@ view of the caller's memory there; any other comes back as an array.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import itertools
+import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..call.allocation import allocator_for
 from ..call.binders import Binder, ScalarBinder, binder_for, describe_value
+from ..call.descriptors import reach
 from ..call.interrupts import HeldInterrupts
 from ..call.plan import ArgumentCheck
 from ..call.results import ExposedMemory
-from ..call import scalars
 from ..errors import AllocationError, KernelCrashed, KernelTimeout, ShapeError
 from ..model.kernel_spec import KernelSpec
 from ..options import KernelOptions
 from ..model.contract import BufferContract
-from . import process
-from .definition import Definition, Results, Value
-from .shared import Layout, Placed, Segment, page_aligned, reach
+from . import control, process, shared_arrays
+from .definition import Definition, Results
+from .request import CALL_SEGMENT, NOWHERE, READ_ONLY, Encoder
+from .shared import Layout, Placed, Segment, address, copy_back, page_aligned
+from .shared_arrays import SharedSegment
 
 
 _SEGMENT_HINT = "Call with smaller arrays, or without isolate=True."
@@ -57,6 +64,60 @@ _tokens = itertools.count()
 """Names each IsolatedRun to the worker (never reused, unlike an id())."""
 
 
+class _Prepared(NamedTuple):
+    """A call made ready before it takes the worker: its checked arguments and outputs, which outputs were
+    allocated, which arrays are copied (and where, ``layout``) and which lie in shared arrays' segments, and its
+    packed request."""
+
+    checked: list[Any]
+    outputs: tuple[Any, ...]
+    fresh: list[bool]
+    copied: list[int]
+    shared: dict[int, tuple[SharedSegment, int]]
+    layout: Layout
+    request: bytes
+
+
+class _Repeat(NamedTuple):
+    """A call's preparation without its arrays, and the key of its arguments: a call whose arguments have the
+    same key (each array an exact ndarray of the same address, shape, strides, dtype and writability; each
+    scalar an int, float or bool of the same type and value; every output given) passes and fails the same
+    checks and is laid out and packed the same way, so a loop's calls are checked once. The arrays themselves
+    are not kept (their memory would be)."""
+
+    key: list[Any]
+    scalars: dict[int, Any]
+    copied: list[int]
+    shared: dict[int, tuple[SharedSegment, int]]
+    layout: Layout
+    request: bytes
+
+
+def _key(values: tuple[Any, ...]) -> list[Any] | None:
+    """What a call's checks, layout and request depend on (see :class:`_Repeat`); None when a value is of a kind
+    whose checks are not that simple (a list, a subclass, a numpy scalar)."""
+    key: list[Any] = []
+    for value in values:
+        kind = type(value)
+        if kind is np.ndarray:
+            key.append((address(value), value.shape, value.strides, value.dtype, value.flags.writeable))
+        elif kind is int or kind is float or kind is bool:
+            key.append((kind, value))
+        else:
+            return None
+    return key
+
+
+class _Held(NamedTuple):
+    """The worker's lock, held, and how long the call waited for it."""
+
+    lock: threading.Lock
+    waited: float
+
+    def release(self) -> None:
+        self.lock.release()
+
+
 class IsolatedRun:
     """Runs one kernel's calls in the worker; built once per kernel, at its first call or ``compile()``,
     which compiles the kernel in the worker (raising its CompileError here)."""
@@ -68,42 +129,141 @@ class IsolatedRun:
         self.allocator = allocator_for(spec, function)
         self._check = ArgumentCheck(spec.name, self._binders, spec.n_inputs, self.allocator, spec.shapes)
         self._written = tuple(isinstance(c, BufferContract) and c.needs_writeable for c in spec.contracts)
+        self._buffers = tuple(i for i, c in enumerate(spec.contracts) if isinstance(c, BufferContract))
+        self._scalars = frozenset(i for i, c in enumerate(spec.contracts) if not isinstance(c, BufferContract))
+        self._dtype_index = {i: {dtype: k for k, dtype in enumerate(c.dtypes)}
+                             for i, c in enumerate(spec.contracts) if isinstance(c, BufferContract)}
+        self._encoder = Encoder(spec.contracts)
+        self._repeatable = not spec.signature.results
+        self._none_fresh = [False] * len(spec.contracts)
+        self._last: _Repeat | None = None
         self._definition = Definition.of(spec, options, function)
-        self._token = f"{next(_tokens)}-{spec.name}"
+        self._token = next(_tokens)
         weakref.finalize(self, process.dropped.append, self._token)
         self._timeout = options.timeout
-        with self._worker_lock("()"):
+        lock = self._lock_worker(lambda: "()")
+        try:
             self._define(self._worker())
+        finally:
+            lock.release()
 
     def __call__(self, args: tuple[Any, ...], given: tuple[Any, ...]) -> Any:
         """The kernel's return value for the bound inputs ``args`` and the outputs ``given`` (None: allocate)."""
-        checked, outputs, fresh = self._checked(args, given)
-        arrays = [i for i, (b, c) in enumerate(zip(self._binders, checked))
-                  if not isinstance(b, ScalarBinder) and c.size]
-        layout = Layout([checked[i] for i in arrays])
-        started = time.monotonic()
-        with self._worker_lock(f"({self._summary(args, checked)})"):
-            waited = time.monotonic() - started
+        prepared = self._repeated(args, given) or self._prepare(args, given)
+        checked = prepared.checked
+        lock = self._lock_worker(lambda: f"({self._summary(args, checked)})")
+        try:
             worker = self._worker()
-            values: list[Value] = [self._value(b, c) for b, c in zip(self._binders, checked)]
-            segment = self._segment(worker, layout.size, args, checked)
-            # A Ctrl-C during the copies waits for their end: the caller's arrays get all of the kernel's writes
-            # or none. While the worker runs the call, it ends the call (the worker is killed).
-            with HeldInterrupts() as interrupts:
-                views = self._copy_in(segment, layout, arrays, values)
-                interrupts.let_through()
-                reply = self._request(worker, values, args, checked, waited)
-                interrupts.holding = True
-                # Whatever the worker replied, the kernel's writes reach the caller's arrays, as in process: a
-                # failed check (checked=True) stopped the kernel after the writes before it.
-                for i, view in views.items():
-                    if self._written[i] or fresh[i]:
-                        np.copyto(checked[i], view, casting="no")
-                worker.needed(layout.size)  # until now: back-to-back long calls keep the segment
-        returned = tuple(outputs) + self._results(self._reply(reply), layout)
+            self._define(worker)
+            worker.forget_dropped()
+            self._map_shared(worker, prepared.shared, args, checked)
+            if not prepared.layout.size:  # nothing to copy, nothing to copy back: every array is shared (or empty)
+                reply = self._request(worker, prepared.request, args, checked, lock.waited)
+            else:
+                segment = self._segment(worker, prepared.layout.size, args, checked)
+                reply = self._copying_call(worker, segment, prepared, args, lock.waited)
+        finally:
+            lock.release()
+        returned = tuple(prepared.outputs) + (self._results(self._reply(reply), prepared) if reply else ())
         if not returned:
             return None
         return returned[0] if len(returned) == 1 else returned
+
+    def _prepare(self, args: tuple[Any, ...], given: tuple[Any, ...]) -> _Prepared:
+        """Check the call, place its arrays and pack its request; remember how, for a call that repeats it."""
+        checked, outputs, fresh = self._checked(args, given)
+        copied, shared = self._placement(checked)
+        layout = Layout([checked[i] for i in copied])
+        places = {i: (s.number, offset) for i, (s, offset) in shared.items()}
+        for i, offset in zip(copied, layout.offsets):
+            places[i] = (CALL_SEGMENT, offset)
+        request = self._pack(checked, places)
+        if self._repeatable and all(g is not None for g in given):
+            key = _key(args + given)
+            if key is not None:
+                scalars = {i: checked[i] for i in self._scalars}
+                self._last = _Repeat(key, scalars, copied, shared, layout, request)
+        return _Prepared(checked, outputs, fresh, copied, shared, layout, request)
+
+    def _repeated(self, args: tuple[Any, ...], given: tuple[Any, ...]) -> _Prepared | None:
+        """The last call's preparation if this call repeats it (see :class:`_Repeat`), else None."""
+        last = self._last
+        if last is None:
+            return None
+        values = args + given
+        if _key(values) != last.key:
+            return None
+        for segment, _ in last.shared.values():
+            if not segment.alive:
+                return None
+        checked = list(values)
+        for i, encoded in last.scalars.items():
+            checked[i] = encoded
+        return _Prepared(checked, given, self._none_fresh, last.copied, last.shared, last.layout, last.request)
+
+    def _copying_call(self, worker: process.Worker, segment: Segment, prepared: _Prepared, args: tuple[Any, ...],
+                      waited: float) -> tuple[str, Any] | None:
+        """The call, its copied arrays copied into the call's segment and what the kernel may write copied back."""
+        layout, checked = prepared.layout, prepared.checked
+        # A Ctrl-C during the copies waits for their end: the caller's arrays get all of the kernel's writes or
+        # none. While the worker runs the call, it ends the call (the worker is killed).
+        with HeldInterrupts() as interrupts:
+            layout.copy_into(segment.address)
+            interrupts.let_through()
+            reply = self._request(worker, prepared.request, args, checked, waited)
+            interrupts.holding = True
+            # Whatever the worker replied, the kernel's writes reach the caller's arrays, as in process: a
+            # failed check (checked=True) stopped the kernel after the writes before it.
+            for i, offset in zip(prepared.copied, layout.offsets):
+                if self._written[i] or prepared.fresh[i]:
+                    copy_back(checked[i], segment, offset)
+            worker.needed(layout.size)  # until now: back-to-back long calls keep the segment
+        return reply
+
+    def _placement(self, checked: list[Any]) -> tuple[list[int], dict[int, tuple[SharedSegment, int]]]:
+        """Which non-empty arrays of the call are copied into the call's segment, and which lie in a shared
+        array's segment (found by the bytes they reach from their data pointer), with their offset there."""
+        copied = []
+        shared: dict[int, tuple[SharedSegment, int]] = {}
+        look = shared_arrays.any_live()
+        for i in self._buffers:
+            array = checked[i]
+            if not array.size:
+                continue
+            if look:
+                at = address(array)
+                low, high = reach(array.shape, array.strides, array.itemsize)
+                found = shared_arrays.find(at, low, high)
+                if found is not None:
+                    shared[i] = (found, at - found.address)
+                    continue
+            copied.append(i)
+        return copied, shared
+
+    def _map_shared(self, worker: process.Worker, shared: dict[int, tuple[SharedSegment, int]],
+                    args: tuple[Any, ...], checked: list[Any]) -> None:
+        """Have the worker map the segments of the call's shared arrays; AllocationError if it cannot."""
+        for segment, _ in shared.values():
+            try:
+                worker.map_shared(segment)
+            except process.SegmentUnavailable as unavailable:
+                raise self._unavailable(unavailable, args, checked) from None
+            except process.WorkerDied as died:
+                raise self._crashed(died, self._summary(args, checked), "mapping a shared array") from None
+
+    def _pack(self, checked: list[Any], places: dict[int, tuple[int, int]]) -> bytes:
+        """The call's request (see :mod:`memkernel.isolate.request`)."""
+        values: list[Any] = [self._token]
+        ranks = []
+        for i, value in enumerate(checked):
+            if i in self._scalars:
+                values += value
+                continue
+            where, offset = places.get(i, (NOWHERE, 0))
+            kind = self._dtype_index[i][value.dtype] | (0 if value.flags.writeable else READ_ONLY)
+            values += (where, offset, kind, value.ndim, *value.shape, *value.strides)
+            ranks.append(value.ndim)
+        return self._encoder.struct_for(tuple(ranks)).pack(*values)
 
     def _checked(self, args: tuple[Any, ...], given: tuple[Any, ...]) -> tuple[list[Any], tuple[Any, ...], list[bool]]:
         """Each argument checked and converted, the outputs allocated, the shape rules checked (the call plan's
@@ -117,58 +277,41 @@ class IsolatedRun:
         try:
             return worker.segment_for(size)
         except process.SegmentUnavailable as unavailable:
-            error = unavailable.error
-            hint = _SEGMENT_HINTS.get(getattr(error, "errno", None), _SEGMENT_HINT)
-            raise AllocationError(
-                f"{self._kernel}({self._summary(args, checked)}): an isolated call passes its arrays through shared "
-                f"memory, and {unavailable.size / 2**20:.4g} MiB ({unavailable.size} bytes) of it could not be "
-                f"{unavailable.where}: {error}. {hint}"
-            ) from None
+            raise self._unavailable(unavailable, args, checked) from None
 
-    @staticmethod
-    def _copy_in(segment: Segment, layout: Layout, arrays: list[int], values: list[Value]) -> dict[int, np.ndarray]:
-        """Copy the memory of the call's arrays into the segment (see :meth:`Layout.copy_into`) and say where
-        they are in ``values``; returns each array's view of the segment, by argument index."""
-        layout.copy_into(segment.map)
-        views: dict[int, np.ndarray] = {}
-        for i, placed in zip(arrays, layout.placed):
-            views[i] = placed.view(segment.map, as_given=False)
-            values[i] = ("array", placed)
-        return views
+    def _unavailable(self, unavailable: process.SegmentUnavailable, args: tuple[Any, ...],
+                     checked: list[Any]) -> AllocationError:
+        error = unavailable.error
+        hint = _SEGMENT_HINTS.get(getattr(error, "errno", 0) or 0, _SEGMENT_HINT)
+        return AllocationError(
+            f"{self._kernel}({self._summary(args, checked)}): an isolated call passes its arrays through shared "
+            f"memory, and {unavailable.size / 2**20:.4g} MiB ({unavailable.size} bytes) of it could not be "
+            f"{unavailable.where}: {error}. {hint}"
+        )
 
-    @staticmethod
-    def _value(binder: Binder, checked: Any) -> Value:
-        if isinstance(binder, ScalarBinder):
-            return ("value", scalars.decode(checked, binder.contract.element))
-        return ("value", checked if not checked.size else None)  # a non-empty array is placed in the segment
-
-    @contextlib.contextmanager
-    def _worker_lock(self, call: str) -> Iterator[None]:
-        """The worker to this call (shown as ``call``) alone; with ``timeout=``, KernelTimeout if another
+    def _lock_worker(self, call: Callable[[], str]) -> _Held:
+        """The worker to this call (shown as ``call()``) alone; with ``timeout=``, KernelTimeout if another
         isolated call holds it for that long (that call goes on: it is not this call's to end)."""
         lock = process.lock()
+        started = time.monotonic()
         if not lock.acquire(timeout=-1 if self._timeout is None else self._timeout):
             raise KernelTimeout(
-                f"{self._kernel}{call} waited timeout={self._timeout:g} s for the worker "
+                f"{self._kernel}{call()} waited timeout={self._timeout:g} s for the worker "
                 "process, which was running another isolated call all that time, and did not start. One worker "
                 "runs the isolated calls of a process one at a time; raise timeout= to wait longer."
             )
-        try:
-            yield
-        finally:
-            lock.release()
+        return _Held(lock, time.monotonic() - started)
 
-    def _request(self, worker: process.Worker, values: list[Value], args: tuple[Any, ...],
-                 checked: list[Any], waited: float) -> tuple[str, Any]:
-        """The worker's reply to the call: ``("ok", Results)`` or ``("error", exception)``; KernelCrashed or
+    def _request(self, worker: process.Worker, request: bytes, args: tuple[Any, ...],
+                 checked: list[Any], waited: float) -> tuple[str, Any] | None:
+        """The worker's reply to the call packed in ``request``: None when it has
+        nothing to send back, else ``("ok", Results)`` or ``("error", exception)``; KernelCrashed or
         KernelTimeout when it died or took too long."""
         # The budget is the call's: the ``waited`` seconds behind other calls are spent; starting a worker,
         # compiling the kernel in it and copying the arrays in are not.
         remaining = None if self._timeout is None else max(self._timeout - waited, 0.001)
-        self._define(worker)
         try:
-            reply = worker.request(("call", self._token, values, len(self._binders) - self._spec.n_inputs,
-                                    worker.take_dropped()), timeout=remaining)
+            reply = worker.call(request, timeout=remaining)
         except process.WorkerDied as died:
             raise self._crashed(died, self._summary(args, checked), "running the call") from None
         except process.WorkerTimedOut:
@@ -177,7 +320,7 @@ class IsolatedRun:
                 "worker process was killed and starts afresh at the next call. Raise timeout= if the kernel needs "
                 "longer; the arrays it may write were left as they were before the call."
             ) from None
-        return reply  # type: ignore[no-any-return]
+        return reply
 
     def _worker(self) -> process.Worker:
         """The running worker, started now if needed; KernelCrashed if it dies while starting."""
@@ -224,7 +367,7 @@ class IsolatedRun:
         return ", ".join(shown)
 
     @staticmethod
-    def _results(results: Results, layout: Layout) -> tuple[Any, ...]:
+    def _results(results: Results, prepared: _Prepared) -> tuple[Any, ...]:
         """The results in the caller: values as they came, aliases as views of the caller's arrays, arrays
         copied out of the worker's memory as views of one buffer (with their strides, sharing as they did)."""
         copied = page_aligned(results.data) if results.data else None
@@ -235,14 +378,25 @@ class IsolatedRun:
             elif kind == "copied":
                 decoded.append(item.view(copied))
             else:
-                decoded.append(IsolatedRun._alias(item, layout))
+                number, placed = item
+                decoded.append(IsolatedRun._alias(number, placed, prepared))
         return tuple(decoded)
 
     @staticmethod
-    def _alias(placed: Placed, layout: Layout) -> np.ndarray:
+    def _alias(number: int, placed: Placed, prepared: _Prepared) -> np.ndarray:
+        """A returned memref in segment ``number`` as a view of the caller's memory."""
         dtype = np.dtype(placed.scalar_type)
         low, high = reach(placed.shape, placed.strides, dtype.itemsize)
-        found = layout.caller_address(placed.offset + low, high - low)
+        found: tuple[int, np.ndarray] | None = None
+        checked = prepared.checked
+        if number == CALL_SEGMENT:
+            found = prepared.layout.caller_address(placed.offset + low, high - low,
+                                                   [checked[i] for i in prepared.copied])
+        else:
+            for i, (segment, _) in prepared.shared.items():
+                if segment.number == number and placed.offset + high <= segment.size:
+                    found = (segment.address + placed.offset + low, checked[i])
+                    break
         if found is None:
             raise ShapeError("the kernel returned a memref reaching outside the memory of the call's arguments: "
                              "a view past an array's end. The kernel's result is wrong.")

@@ -19,13 +19,31 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..call.descriptors import reach
+from ..fastpath.abi import LAYOUT, fast_path_supported
 
 PAGE = mmap.PAGESIZE
 MIN_SEGMENT = 1 << 20
 
 
-def _address(array: np.ndarray) -> int:
+def _interface_address(array: np.ndarray) -> int:
     return int(array.__array_interface__["data"][0])
+
+
+_read_pointer = ctypes.c_void_p.from_address
+_data_field: int | None = None
+"""Where an ndarray holds its data pointer (see :func:`address`); 0 where that layout does not hold."""
+
+
+def address(array: np.ndarray) -> int:
+    """The address of ``array``'s first element (a view's offset included), read from numpy's C field where
+    the fast path reads it (:mod:`memkernel.fastpath.abi`, checked against live arrays once): a fifth of the cost
+    of ``__array_interface__``, which a call would pay for each array."""
+    global _data_field
+    if _data_field is None:
+        _data_field = LAYOUT.array_data if fast_path_supported() else 0
+    if _data_field and type(array) is np.ndarray:
+        return _read_pointer(id(array) + _data_field).value or 0
+    return _interface_address(array)
 
 
 class Placed(NamedTuple):
@@ -55,17 +73,20 @@ class _Region(NamedTuple):
     low: int
     high: int
     offset: int
-    owner: np.ndarray
+    owner: int
+    """The index of an array whose memory holds the region."""
 
 
 class Layout:
-    """Where one call's arrays go in the segment; overlapping arrays share a region."""
+    """Where one call's arrays go in the segment (``offsets[i]``: where array ``i``'s first element goes);
+    overlapping arrays share a region. It holds no array: a repeated call reuses it (see
+    :mod:`memkernel.isolate.run`)."""
 
     def __init__(self, arrays: list[np.ndarray]) -> None:
-        addresses = [_address(a) for a in arrays]
-        spans = sorted((address + low, address + high, i) for i, (a, address) in enumerate(zip(arrays, addresses))
-                       for low, high in (reach(a.shape, a.strides, a.itemsize),))
-        self.placed: list[Placed] = [None] * len(arrays)  # type: ignore[list-item]
+        addresses = [address(a) for a in arrays]
+        spans = sorted([(at + low, at + high, i) for i, (a, at) in enumerate(zip(arrays, addresses))
+                        for low, high in (reach(a.shape, a.strides, a.itemsize),)])
+        self.offsets = addresses  # each replaced below
         self.regions: list[_Region] = []
         cursor = 0
         k = 0
@@ -78,29 +99,41 @@ class Layout:
                 members.append(spans[k][2])
                 k += 1
             start = -(-cursor // PAGE) * PAGE + low % PAGE
-            self.regions.append(_Region(low, high, start, arrays[first]))
+            self.regions.append(_Region(low, high, start, first))
             for i in members:
-                a = arrays[i]
-                self.placed[i] = Placed(start + addresses[i] - low, a.shape, a.strides, a.dtype.type, a.flags.writeable)
+                self.offsets[i] = start + addresses[i] - low
             cursor = start + high - low
         self.size = cursor
 
-    def copy_into(self, buffer: Any) -> None:
-        """Copy every region's bytes from the caller's memory to its place in ``buffer`` (a mapping of the
-        segment): one ``memmove`` per region, gaps between a view's elements included, so a broadcast view
-        of 2**40 elements copies its few bytes, not 2**40 elements."""
-        target = np.frombuffer(buffer, np.uint8)
-        start = target.ctypes.data
+    def placed(self, arrays: list[np.ndarray]) -> list[Placed]:
+        """Each of ``arrays`` (the ones laid out) as the other process rebuilds it."""
+        return [Placed(offset, a.shape, a.strides, a.dtype.type, a.flags.writeable)
+                for offset, a in zip(self.offsets, arrays)]
+
+    def copy_into(self, start: int) -> None:
+        """Copy every region's bytes from the caller's memory to its place in the segment mapped at ``start``:
+        one ``memmove`` per region, gaps between a view's elements included, so a broadcast view of 2**40
+        elements copies its few bytes, not 2**40 elements."""
         for region in self.regions:
             ctypes.memmove(start + region.offset, region.low, region.high - region.low)
 
-    def caller_address(self, offset: int, nbytes: int) -> tuple[int, np.ndarray] | None:
-        """The caller's address of ``nbytes`` at segment ``offset`` and the array that owns it; None if no
-        region holds them."""
+    def caller_address(self, offset: int, nbytes: int, arrays: list[np.ndarray]) -> tuple[int, np.ndarray] | None:
+        """The caller's address of ``nbytes`` at segment ``offset`` and the one of ``arrays`` (the ones laid out)
+        that owns it; None if no region holds them."""
         for region in self.regions:
             if region.offset <= offset and offset + nbytes <= region.offset + region.high - region.low:
-                return region.low + offset - region.offset, region.owner
+                return region.low + offset - region.offset, arrays[region.owner]
         return None
+
+
+def copy_back(array: np.ndarray, segment: Segment, offset: int) -> None:
+    """Copy into ``array`` the elements of its copy at ``offset`` in ``segment``: its elements only (a view's
+    gaps are left alone), in one ``memmove`` when they are all its bytes (a contiguous array)."""
+    if array.flags.c_contiguous or array.flags.f_contiguous:
+        ctypes.memmove(address(array), segment.address + offset, array.nbytes)
+    else:
+        np.copyto(array, np.ndarray(array.shape, array.dtype, buffer=segment.map, offset=offset,
+                                    strides=array.strides), casting="no")
 
 
 def page_aligned(data: bytes) -> np.ndarray:
@@ -126,6 +159,7 @@ class Segment:
         except BaseException:
             os.close(self.fd)
             raise
+        self.address = address(np.frombuffer(self.map, np.uint8))
 
     def close(self) -> None:
         """Unmap and close (views of it must be gone); closing twice does nothing."""

@@ -1,10 +1,13 @@
-"""The fast path and the checked path agree: same result bits, or the same error after the fast path declined.
+"""The fast path, the checked path and an isolated call agree: same result bits, or the same error.
 
 In the style of Triton's ``test_specialize.py``: hypothesis draws argument tuples,
-valid and invalid, for kernels of varied signatures; each tuple is built twice,
-identically, and given to the kernel compiled with the fast path and to the same
-kernel compiled without it. A value the fast path accepts and the checked path
-refuses is a failure, and so is any difference in what the two return or write.
+valid and invalid, for kernels of varied signatures; each tuple is built three times,
+identically, and given to the kernel compiled with the fast path, to the same
+kernel compiled without it, and to the same kernel with ``isolate=True`` (whose
+calls cross to the worker process through the control block, copied or, for the
+``shared`` views, in ``memkernel.shared_empty`` memory). A value the fast path
+accepts and the checked path refuses is a failure, and so is any difference in
+what they return or write.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memkernel import Kernel, MemkernelError, mlir_kernel
+from memkernel import Kernel, MemkernelError, mlir_kernel, shared_asarray
 
 from ..kernels import elementwise, loop_map, strided_window
 from .conftest import HAS_ENTRIES, with_fast_path
@@ -94,6 +97,12 @@ class ArrayRecipe:
             array[...] = plain
         elif self.view == "subclass":
             array = plain.view(type("Sub", (np.ndarray,), {}))
+        elif self.view == "shared":
+            array = shared_asarray(plain)
+        elif self.view == "shared step":
+            array = shared_asarray(base)[tuple(slice(0, 2 * d, 2) for d in self.shape)]
+        elif self.view == "shared negative":
+            array = shared_asarray(plain)[tuple(slice(None, None, -1) for _ in self.shape)]
         elif self.view == "list":
             return plain.tolist()
         else:
@@ -103,7 +112,7 @@ class ArrayRecipe:
 
 
 VIEWS = ["contiguous", "contiguous", "contiguous", "step", "negative", "transposed", "fortran", "offset",
-         "misaligned", "subclass", "list"]
+         "misaligned", "subclass", "list", "shared", "shared", "shared step", "shared negative"]
 
 
 def arrays(dtypes: list[str], shape: st.SearchStrategy[tuple[int, ...]]) -> st.SearchStrategy[ArrayRecipe]:
@@ -179,31 +188,34 @@ def same_bits(a: Any, b: Any) -> bool:
     return a.tobytes() == b.tobytes()
 
 
-def check_equivalent(fast: Kernel, checked: Kernel, args: tuple[Any, ...], out: Any = None,
+def check_equivalent(fast: Kernel, checked: Kernel, isolated: Kernel, args: tuple[Any, ...], out: Any = None,
                      form: str = "positional") -> None:
     got_fast = outcome(fast, args, out, form)
     took_fast = fast.invoker.last_path == "fast"
     got_checked = outcome(checked, args, out, form)
     assert checked.invoker.last_path == "checked"
+    got_isolated = outcome(isolated, args, out, form)
     if took_fast:
         assert got_checked[0] == "ok", f"the fast path accepted what the checked path refuses: {got_checked[1]}"
-    assert got_fast[0] == got_checked[0], (got_fast[1], got_checked[1])
-    if got_fast[0] == "error":
-        assert got_fast[1] is got_checked[1]
-        return
-    assert same_bits(got_fast[1], got_checked[1])
-    for a, b in zip(got_fast[2], got_checked[2]):
-        if isinstance(a, np.ndarray):
-            assert same_bits(a, b), "the two paths wrote different values into an argument"
+    for got, path in [(got_fast, "fast"), (got_isolated, "isolated")]:
+        assert got[0] == got_checked[0], (path, got[1], got_checked[1])
+        if got[0] == "error":
+            assert got[1] is got_checked[1], path
+            continue
+        assert same_bits(got[1], got_checked[1]), path
+        for a, b in zip(got[2], got_checked[2]):
+            if isinstance(a, np.ndarray):
+                assert same_bits(a, b), f"the {path} and the checked path wrote different values into an argument"
 
 
-def pair(source: str, name: str, function: Any, entry: bool = True) -> tuple[Kernel, Kernel]:
-    """The kernel compiled with the fast path (and a compiled entry, if ``entry``), and without."""
+def variants(source: str, name: str, function: Any, entry: bool = True) -> tuple[Kernel, Kernel, Kernel]:
+    """The kernel compiled with the fast path (and a compiled entry, if ``entry``), without, and isolated."""
     fast = with_fast_path(mlir_kernel(source, name=name)(function))
     checked = with_fast_path(mlir_kernel(source, name=name, cache=False)(function), enabled=False)
+    isolated = mlir_kernel(source, name=name, isolate=True)(function).compile()
     assert fast.invoker.fast is not None and checked.invoker.fast is None
     assert (fast.invoker.entry is not None) == (entry and HAS_ENTRIES) and checked.invoker.entry is None
-    return fast, checked
+    return fast, checked, isolated
 
 
 EXAMPLES = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -211,28 +223,28 @@ EXAMPLES = settings(max_examples=400, deadline=None, suppress_health_check=[Heal
 
 @pytest.fixture(scope="module")
 def add():
-    return pair(elementwise("arith.addf", "memref<?x?xf32>", "f32", 2), "k", lambda a, b: None)
+    return variants(elementwise("arith.addf", "memref<?x?xf32>", "f32", 2), "k", lambda a, b: None)
 
 
 @pytest.fixture(scope="module")
 def stats():
-    return pair(STATS, "stats", lambda x, shift, flag, u, k, f, d, s: None, entry=False)  # results: none
+    return variants(STATS, "stats", lambda x, shift, flag, u, k, f, d, s: None, entry=False)  # results: none
 
 
 @pytest.fixture(scope="module")
 def scale():
-    return pair(SCALE, "scale", lambda x, s: None)
+    return variants(SCALE, "scale", lambda x, s: None)
 
 
 @pytest.fixture(scope="module")
 def shifted():
-    return pair(SHIFTED, "shifted", lambda x: None)
+    return variants(SHIFTED, "shifted", lambda x: None)
 
 
 @pytest.fixture(scope="module")
 def increment():
     source = loop_map("increment", "i64", "%r = arith.addi %v, %by : i64", scalar="%by: i64", in_place=True)
-    return pair(source, "increment", lambda x, by: None)
+    return variants(source, "increment", lambda x, by: None)
 
 
 @EXAMPLES
@@ -289,28 +301,32 @@ def test_an_argument_written_in_place(increment, data):
 
 @pytest.fixture(scope="module")
 def add1d():
-    return pair(elementwise("arith.addf", "memref<?xf32>", "f32", 1), "k", lambda a, b: None)
+    return variants(elementwise("arith.addf", "memref<?xf32>", "f32", 1), "k", lambda a, b: None)
 
 
 @EXAMPLES
 @given(n=st.integers(0, 6), offsets=st.tuples(*[st.integers(0, 12)] * 3), steps=st.tuples(*[st.sampled_from([1, 2, -1])] * 3))
 def test_overlapping_views_of_one_buffer_compute_as_numpy_does(add1d, n, offsets, steps):
-    """numpy computes as if the inputs were copied first when the output overlaps them: so do both paths."""
+    """numpy computes as if the inputs were copied first when the output overlaps them: so do the three calls,
+    on plain and on shared memory."""
 
-    def views() -> tuple[np.ndarray, ...]:
+    def views(shared: bool) -> tuple[np.ndarray, ...]:
         base = np.arange(40, dtype=np.float32)
+        if shared:
+            base = shared_asarray(base)
         made = [base]
         for offset, step in zip(offsets, steps):
             start = offset if step > 0 else offset + (n - 1) * -step
             made.append(base[start:start + n * step:step] if step > 0 else base[start::step][:n])
         return tuple(made)
 
-    base, a, b, out = views()
+    base, a, b, out = views(False)
     np.add(a.copy(), b.copy(), out=out)
     for kernel in add1d:
-        got_base, a, b, out = views()
-        kernel(a, b, out=out)
-        np.testing.assert_array_equal(got_base, base)
+        for shared in (False, True):
+            got_base, a, b, out = views(shared)
+            kernel(a, b, out=out)
+            np.testing.assert_array_equal(got_base, base)
 
 
 # Both kinds of bound: x must reach y's and w's sizes (the window) and index 2 (the load).
@@ -326,7 +342,7 @@ func.func @windows(%x: memref<?xf32>, %w: memref<?xf32>, %y: memref<?xf32>, %thi
 
 @pytest.fixture(scope="module")
 def windows():
-    return pair(WINDOWS, "windows", lambda x, w: None, entry=False)  # two outputs: no compiled entry
+    return variants(WINDOWS, "windows", lambda x, w: None, entry=False)  # two outputs: no compiled entry
 
 
 @EXAMPLES
@@ -345,12 +361,13 @@ def test_bounds_on_sums_of_dims_and_on_constants(windows, data):
             outcomes.append(("ok", out))
         except MemkernelError as exc:
             outcomes.append(("error", type(exc)))
-    (fast_kind, fast_value), (checked_kind, checked_value) = outcomes
-    assert fast_kind == checked_kind, outcomes
-    if fast_kind == "ok":
-        assert all(same_bits(a, b) for a, b in zip(fast_value, checked_value))
-    else:
-        assert fast_value is checked_value
+    (checked_kind, checked_value) = outcomes[1]
+    for kind, value in outcomes[::2]:
+        assert kind == checked_kind, outcomes
+        if kind == "ok":
+            assert all(same_bits(a, b) for a, b in zip(value, checked_value))
+        else:
+            assert value is checked_value
 
 
 @dataclass(frozen=True)
@@ -382,7 +399,7 @@ def window_argument(small: st.SearchStrategy[int], huge: list[int], writeable: b
 
 @pytest.fixture(scope="module")
 def window():
-    return pair(strided_window(), "window", lambda x, w: None)
+    return variants(strided_window(), "window", lambda x, w: None)
 
 
 @EXAMPLES
@@ -405,7 +422,7 @@ def test_window_bounds_near_2_to_the_62(window, data):
             outcomes.append(("ok", built_y.base.tobytes() if huge_y else built_y.tobytes()))
         except MemkernelError as exc:
             outcomes.append(("error", type(exc)))
-    assert outcomes[0] == outcomes[1]
+    assert outcomes[0] == outcomes[1] == outcomes[2]
     if outcomes[0][0] == "ok" and not isinstance(x, Broadcast) and not isinstance(w, Broadcast):
         a, b, out = x.build(), w.build(), y.build()
         expected = out.astype(np.int64) + [sum(int(a[2 * i + j]) * int(b[j]) for j in range(len(b)))

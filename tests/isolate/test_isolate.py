@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import memkernel.isolate
+import memkernel.isolate.control
 import memkernel.isolate.process
 from memkernel import (ArgumentError, CompileError, KernelAssertionError, KernelCrashed, KernelTimeout, MemkernelError,
                        ShapeError, SignatureError, mlir_kernel)
@@ -676,3 +677,89 @@ def test_a_restarted_worker_does_not_spend_the_next_calls_timeout():
         spin(3)
     for _ in range(3):  # each restart of the worker (about a second) comes before the call's budget
         np.testing.assert_array_equal(add(a, a), a + a)
+
+
+# -- a loop's calls ---------------------------------------------------------------------
+
+
+def _read_only(arrays):
+    arrays[2].flags.writeable = False
+
+
+def _reshaped(arrays):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # numpy 2.5 deprecates it; the same object changes
+        arrays[0].shape = (4, 4)
+
+
+def _shorter(arrays):
+    arrays[1] = arrays[1][:8]
+
+
+@pytest.mark.parametrize("change, error", [(_read_only, ArgumentError), (_reshaped, ArgumentError),
+                                           (_shorter, ShapeError)])
+def test_a_call_that_repeats_the_last_one_is_checked_again_once_an_argument_changed(change, error):
+    add = add_kernel(isolate=True)
+    arrays = [np.arange(16, dtype=np.float32), np.ones(16, np.float32), np.zeros(16, np.float32)]
+    for _ in range(3):
+        add(arrays[0], arrays[1], out=arrays[2])
+    change(arrays)
+    with pytest.raises(error) as caught:
+        add(arrays[0], arrays[1], out=arrays[2])
+    in_process = add_kernel()
+    with pytest.raises(error) as expected:
+        in_process(arrays[0], arrays[1], out=arrays[2])
+    assert str(caught.value) == str(expected.value)
+
+
+def test_a_call_that_repeats_the_last_one_with_new_values_computes_them(floats):
+    add = add_kernel(isolate=True)
+    a, b = floats
+    out = np.zeros(16, np.float32)
+    for k in range(3):
+        a[:] = k
+        add(a, b, out=out)
+        np.testing.assert_array_equal(out, k + b)
+
+
+def test_a_scalar_of_another_type_in_a_repeated_call_is_checked_again():
+    scale = mlir_kernel(SCALE_STRIDED, isolate=True)(lambda x, k: None)
+    x = np.ones(4, np.float32)
+    scale(x, 2.0)
+    scale(x, 2.0)
+    with pytest.raises(ArgumentError, match="expects a real number for f32, got str"):
+        scale(x, "2")
+    np.testing.assert_array_equal(x, [4, 4, 4, 4])
+
+
+FILLED = """
+func.func @filled(%n: index, %v: f32) -> memref<?xf32> {
+  %m = memref.alloc(%n) : memref<?xf32>
+  linalg.fill ins(%v : f32) outs(%m : memref<?xf32>)
+  return %m : memref<?xf32>
+}"""
+
+
+@pytest.mark.parametrize("n", [4, 1 << 20])  # its pickle fits the control block, or crosses on the socket
+def test_a_returned_array_comes_back_whole_however_large(n):
+    filled = mlir_kernel(FILLED, isolate=True)(lambda n, v: None)
+    np.testing.assert_array_equal(filled(n, 2.5), np.full(n, 2.5, np.float32))
+
+
+def test_a_call_too_large_for_the_control_block_crosses_on_the_socket(monkeypatch, floats):
+    add = add_kernel(isolate=True)
+    a, b = floats
+    monkeypatch.setattr(memkernel.isolate.control, "REQUEST_ROOM", 16)
+    np.testing.assert_array_equal(add(a, b), a + b)
+    np.testing.assert_array_equal(add(a[::2], b[1::2]), a[::2] + b[1::2])
+
+
+def test_a_worker_killed_while_idle_is_replaced_at_the_next_call(floats):
+    add = add_kernel(isolate=True)
+    a, b = floats
+    add(a, b)
+    worker = memkernel.isolate.process.worker()
+    os.kill(worker.process.pid, signal.SIGKILL)
+    worker.process.wait()
+    np.testing.assert_array_equal(add(a, b), a + b)
+    assert memkernel.isolate.process.worker() is not worker
