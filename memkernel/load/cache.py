@@ -47,7 +47,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -76,6 +75,8 @@ _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOE
 
 
 def _version(distribution: str) -> str:
+    from importlib import metadata  # ~30 ms to import: only when a cache key is made, never for a built kernel
+
     try:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:
@@ -83,13 +84,25 @@ def _version(distribution: str) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def code_digest(package: Path = Path(__file__).resolve().parents[1]) -> str:
+def code_digest(package: str | os.PathLike[str] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) -> str:
     """A digest of memkernel's own source files (those of ``package``): an entry made by other memkernel
-    code is never loaded."""
+    code is never loaded. Read once per process, with ``os.scandir`` (``pathlib``'s globbing cost more than
+    the reading and hashing)."""
+    found: list[tuple[tuple[str, ...], str]] = []
+    folders = [(os.fspath(package), ())]
+    while folders:
+        folder, parts = folders.pop()
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    if entry.name != "__pycache__":
+                        folders.append((entry.path, (*parts, entry.name)))
+                elif entry.name.endswith((".py", ".mlir")):
+                    found.append(((*parts, entry.name), entry.path))
     digest = hashlib.sha256()
-    for path in sorted(package.rglob("*")):
-        if path.suffix in (".py", ".mlir") and "__pycache__" not in path.parts:
-            digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+    for parts, path in sorted(found):
+        with open(path, "rb") as opened:
+            digest.update("/".join(parts).encode() + b"\0" + opened.read())
     return digest.hexdigest()[:16]
 
 
