@@ -80,6 +80,7 @@ class Kernel:
         self._shared_libs = resolve_libraries(os.fspath(lib) for lib in options.shared_libs)
         self._artifact: artifacts.Artifact | None = None
         requested = options.name or (None if function.__name__ == "<lambda>" else function.__name__)
+        self._requested = requested  # the function asked for: None, the source's only one, for a lambda
         kernel_ir, self._callbacks = self._read(requested)
         self.kernel_ir = kernel_ir  # what decoration read of the IR: what memkernel build ships
         self.spec: KernelSpec = bind(kernel_ir, function)
@@ -107,17 +108,17 @@ class Kernel:
     def _read_built_or_cached(self, requested: str | None) -> KernelIR:
         """The kernel's IR from its built artifact (see :mod:`memkernel.load.artifacts`), else as
         :meth:`_read_cached` reads it."""
-        options = self.options
         self._artifact, digest = artifacts.find(getattr(self._function, "__module__", None),
-                                                artifact_fields(options, requested, self._shared_libs),
-                                                requested or "mlir_kernel")
+                                                self.artifact_fields(), requested or "mlir_kernel")
         if self._artifact is not None:
             return self._artifact.kernel_ir
         try:
             return self._read_cached(requested)
         except MissingDependencyError as exc:
+            label = f"{requested or 'mlir_kernel'}(): "
             raise MissingDependencyError(
-                f"{exc} Or build the package's kernels ahead of time with memkernel build: no built artifact "
+                f"{'' if str(exc).startswith(label) else label}{exc} Or build the package's kernels ahead of time "
+                f"with memkernel build: no built artifact "
                 f"has this kernel's key {digest} (looked in "
                 f"{', '.join(artifacts.folders(getattr(self._function, '__module__', None))) or 'no folder'})."
             ) from exc.__cause__
@@ -133,6 +134,10 @@ class Kernel:
                 if folder is not None and key is not None:
                     folder.write(key, ".mks", codec.dumps(kernel_ir).encode())
         return kernel_ir
+
+    def artifact_fields(self) -> dict[str, Any]:
+        """What the built artifact of this kernel is looked up by: what ``memkernel build`` keys it by too."""
+        return artifact_fields(self.options, self._requested, self._shared_libs)
 
     @property
     def _name(self) -> str:

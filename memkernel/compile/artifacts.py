@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import CompileError
 from ..fastpath import abi
-from ..kernel import Kernel, artifact_fields, spec_digest
+from ..kernel import Kernel, spec_digest
 from ..load import artifacts
 from ..load.cache import Entry
 from ..load.objects import host_cpu
@@ -78,7 +78,7 @@ def build_kernel(kernel: Kernel, out: str, target_cpu: str | None, manifest: dic
         raise CompileError(f"{name}(): memkernel build cannot build it: {why}.")
     cpu, target, requires = target_requirements(target_cpu)
     module = kernel.function.__module__
-    key, digest = artifacts.artifact_key(artifact_fields(options, options.name or name, kernel._shared_libs))
+    key, digest = artifacts.artifact_key(kernel.artifact_fields())
     fast = fast_path(spec, spec.signature.results) if abi.fast_path_supported() else None
     made = worker.run(options.llvm_options, f"building @{name}", object_code, options.source, name,
                       pipeline_of(options), options.opt_level, tuple(kernel._shared_libs), fast, (), (), cpu)

@@ -56,6 +56,7 @@ from ..errors import MissingDependencyError
 from ..fastpath.symbols import FastSymbols
 from ..model.dtypes import dtype_named
 from . import objects as jit
+from .files import read_regular
 
 Compiled = TypeVar("Compiled")
 
@@ -270,22 +271,12 @@ def _untrusted(status: os.stat_result, what: str) -> str | None:
 def _read_regular(name: str, folder: int, limit: int) -> bytes | None:
     """The bytes of regular file ``name`` in ``folder`` if it has at most ``limit``; None for anything else.
 
-    Never follows a symbolic link and never blocks (on a FIFO, a device).
+    Never follows a symbolic link and never blocks (on a FIFO, a device): see :func:`~.files.read_regular`.
     """
     try:
-        handle = os.open(name, _READ_FLAGS, dir_fd=folder)
+        return read_regular(name, limit, folder=folder, follow=False)
     except OSError:
         return None
-    try:
-        status = os.fstat(handle)
-        if not stat.S_ISREG(status.st_mode) or status.st_size > limit:
-            return None
-        data = os.read(handle, status.st_size)
-        return data if len(data) == status.st_size else None
-    except OSError:
-        return None
-    finally:
-        os.close(handle)
 
 
 def _write_new(folder: int, data: bytes) -> str:
