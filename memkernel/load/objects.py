@@ -128,7 +128,12 @@ class ObjectLoadError(Exception):
 def check(error: int | None) -> None:
     """Raise ObjectLoadError with LLVM's message if ``error`` (an ``LLVMErrorRef``) is set."""
     if error:
-        raise ObjectLoadError(message(error, "LLVMDisposeErrorMessage"))
+        raise ObjectLoadError(error_text(error))
+
+
+def error_text(error: int) -> str:
+    """The message of ``error`` (an ``LLVMErrorRef``, which this consumes)."""
+    return message(libllvm().LLVMGetErrorMessage(error), "LLVMDisposeErrorMessage")
 
 
 class _Teardown:
@@ -173,7 +178,7 @@ def _free(jit: ctypes.c_void_p, teardown: _Teardown) -> None:
     teardown.run()
     error = libllvm().LLVMOrcDisposeLLJIT(jit)
     if error:  # the session's teardown failed; nothing more can be freed or reported from a finalizer
-        message(error, "LLVMDisposeErrorMessage")
+        error_text(error)
 
 
 def _free_parked() -> None:
