@@ -16,7 +16,6 @@ from typing import Any
 
 from .errors import CompileError, OptionError
 from .kernel import Kernel, _needs_compiler
-from .load import foreign as loaded
 from .model.foreign import CONVENTIONS
 from .options import KernelOptions
 
@@ -63,6 +62,7 @@ def extern(library: str | os.PathLike[str], declaration: str, *, abi: str | None
                           f"{type(declaration).__name__}")
     with _needs_compiler(None, "reading an extern declaration"):
         from .compile.foreign import kernel_source, read_declaration
+    from .load import foreign as loaded
 
     declared = read_declaration(declaration)
     name = declared.name

@@ -42,7 +42,6 @@ from .load import artifacts
 from .load import cache as kernel_cache
 from .load.cache import CacheKey, Entry
 from .load.compiled import CompiledFunction, load_function
-from .load.foreign import addresses as foreign_addresses
 from .load.guard import raiser
 from .load.libraries import resolve_libraries
 from .load.objects import ObjectLoadError
@@ -219,7 +218,7 @@ class Kernel:
             compiled = artifact.load()
             return compiled if fast_wanted else dataclasses.replace(compiled, fast=None, fast_address=0,
                                                                     consts_address=0)
-        foreign = foreign_addresses(self.spec.foreign, name)
+        foreign = _foreign_addresses(self.spec)
 
         def compile_now(keep_object: bool) -> tuple[CompiledFunction, Entry | None]:
             with _needs_compiler(name, "compiling it (no cache holds its code)"):
@@ -288,7 +287,7 @@ class Kernel:
         with _needs_compiler(spec.name, "gufunc() (its loop is compiled afresh)"):
             from .compile.build import build_gufunc
 
-        compiled = build_gufunc(options, layout, self._shared_libs)
+        compiled = build_gufunc(options, layout, self._shared_libs, _foreign_addresses(spec))
         doc = f"{spec.name}{layout.signature}: the memkernel kernel @{spec.name} as a generalized ufunc."
         return make_ufunc(layout, compiled.fast_address, compiled.consts_address, compiled, options.source, doc)
 
@@ -485,6 +484,16 @@ def _decoration_key(options: KernelOptions, requested: str | None) -> CacheKey:
     """The key of what decoration reads of kernel ``requested`` (None: the source's only function)."""
     return CacheKey.of(kind="decoration", source=_source_digest(options.source), function=requested,
                        pipeline=_pipeline_fields(options))
+
+
+def _foreign_addresses(spec: KernelSpec) -> dict[str, int]:
+    """Where the foreign functions an extern kernel calls are in this process (see :mod:`memkernel.load.foreign`,
+    imported only for such a kernel)."""
+    if not spec.foreign:
+        return {}
+    from .load.foreign import addresses
+
+    return addresses(spec.foreign, spec.name)
 
 
 def _pending_errors(options: KernelOptions, kernel_ir: KernelIR) -> PendingErrors:

@@ -36,7 +36,6 @@ import hashlib
 import hmac
 import json
 import os
-import secrets
 import stat
 import struct
 import sys
@@ -47,8 +46,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -57,6 +55,9 @@ from ..fastpath.symbols import FastSymbols
 from ..model.dtypes import dtype_named
 from . import objects as jit
 from .files import read_regular
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 Compiled = TypeVar("Compiled")
 
@@ -200,6 +201,8 @@ def remember(key: CacheKey, compiled: Any) -> Any:
 
 def directory() -> Path | None:
     """The disk cache folder, or None when the disk cache is switched off."""
+    from pathlib import Path  # imported when the disk cache is used: a built kernel's start does without it
+
     configured = os.environ.get("MEMKERNEL_CACHE_DIR")
     if configured is not None:
         return Path(configured).expanduser() if configured.strip() else None
@@ -281,6 +284,8 @@ def _read_regular(name: str, folder: int, limit: int) -> bytes | None:
 
 def _write_new(folder: int, data: bytes) -> str:
     """A new file of ``data`` in ``folder``, private to the user; returns its name."""
+    import secrets  # (with random and base64) only to write an entry
+
     name = f".tmp-{secrets.token_hex(8)}"
     handle = os.open(name, _CREATE_FLAGS, 0o600, dir_fd=folder)
     try:
@@ -402,6 +407,8 @@ def _read_secret(path: Path, folder: int) -> bytes | None:
 def _make_secret(path: Path, folder: int) -> bytes | None:
     """A new secret linked into place, or the one another process linked first."""
     try:
+        import secrets
+
         written = _write_new(folder, secrets.token_bytes(_SECRET_SIZE))
         try:
             os.link(written, _SECRET_NAME, src_dir_fd=folder, dst_dir_fd=folder, follow_symlinks=False)
