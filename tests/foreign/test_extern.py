@@ -253,6 +253,28 @@ def test_mlir_compiled_expanded_function_is_called(mlir_object):
     np.testing.assert_array_equal(mul(x, x), x * x)
 
 
+# -- as a gufunc ------------------------------------------------------------------------------
+
+
+def test_extern_kernel_as_a_gufunc_gives_numpys_answer(library):
+    @memkernel.extern(library, SCALE)
+    def scale(a: "N", s) -> "N": ...  # noqa: F821
+
+    gufunc = scale.gufunc()
+    x = floats(12).reshape(3, 4)
+    assert gufunc.signature == "(N),()->(N)"
+    factors = np.float32([1.0, 2.0, -1.0])
+    np.testing.assert_array_equal(gufunc(x, factors), x * factors[:, None])
+
+
+def test_extern_kernel_that_may_write_its_input_is_no_gufunc(library):
+    @memkernel.extern(library, f"func.func private @axpy(%a: f32, %x: {STRIDED}, %y: {STRIDED})")
+    def axpy(a, x: "N", y: "N"): ...  # noqa: F821
+
+    with pytest.raises(SignatureError, match=re.escape("axpy.gufunc():")):
+        axpy.gufunc()
+
+
 # -- object files' global constructors and destructors ----------------------------------------
 
 
