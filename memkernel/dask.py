@@ -366,7 +366,8 @@ def apply_gufunc(gufunc: np.ufunc, *args: Any, **kwargs: Any) -> Any:
     Each core dim must be one chunk, as dask requires. Raises ArgumentError for a ufunc that is not a
     generalized ufunc with one loop.
     """
-    signature, loops = getattr(gufunc, "signature", None), getattr(gufunc, "types", ())
+    signature: str | None = getattr(gufunc, "signature", None)
+    loops: list[str] = list(getattr(gufunc, "types", ()))
     if not isinstance(gufunc, np.ufunc) or signature is None or len(loops) != 1:
         raise ArgumentError(f"apply_gufunc(): expected a generalized numpy ufunc with one loop, such as "
                             f"kernel.gufunc() makes; got {gufunc!r}")

@@ -91,7 +91,7 @@ def code_digest(package: str | os.PathLike[str] = os.path.dirname(os.path.dirnam
     code is never loaded. Read once per process, with ``os.scandir`` (``pathlib``'s globbing cost more than
     the reading and hashing)."""
     found: list[tuple[tuple[str, ...], str]] = []
-    folders = [(os.fspath(package), ())]
+    folders: list[tuple[str, tuple[str, ...]]] = [(os.fspath(package), ())]
     while folders:
         folder, parts = folders.pop()
         with os.scandir(folder) as entries:

@@ -32,7 +32,7 @@ def read_regular(path: str | os.PathLike[str], limit: int | None = None, *, fold
             raise NotRegularFile(f"it is {kind}, not a regular file")
         if limit is not None and status.st_size > limit:
             raise NotRegularFile(f"it has {status.st_size} bytes, more than {limit}")
-        chunks = []
+        chunks: list[bytes] = []
         while True:  # the file may grow or shrink while it is read: read to its end
             chunk = os.read(handle, max(status.st_size, 1 << 16))
             if not chunk:
