@@ -304,7 +304,7 @@ def test_object_file_destructors_run_at_exit_by_descending_priority(constructed)
         import memkernel
         memkernel.extern({constructed!r}, "func.func private @constructed_order() -> i64")(lambda: None)
         print("exiting", flush=True)
-    """)
+    """, MEMKERNEL_TEST_DESTRUCTORS="1")
     assert printed == "exiting\nd3d2d1\n"
 
 
