@@ -25,6 +25,11 @@ from .initializers import call_void
 from .objects import LoadedObject, ObjectLoadError
 
 
+_JIT_DEFINED = frozenset({"_GLOBAL_OFFSET_TABLE_", "__dso_handle"})
+"""What an object may refer to that the JIT defines: the GOT, and the handle C++ registers its static objects'
+destructors with (``__cxa_atexit``)."""
+
+
 class _Library:
     """One library, loaded once: ``address(symbol)`` is the symbol's address, 0 if it does not define it.
     Raises OSError if it cannot be read, ObjectLoadError if it cannot be loaded or linked."""
@@ -63,8 +68,8 @@ class _Library:
             return self._object.symbol(symbol)
         except ObjectLoadError as exc:
             process = ctypes.CDLL(None)
-            missing = sorted(n for n in self._relocatable.undefined - self._relocatable.defined
-                             if not hasattr(process, n))
+            provided = self._relocatable.defined | _JIT_DEFINED
+            missing = sorted(n for n in self._relocatable.undefined - provided if not hasattr(process, n))
             if missing:
                 raise ObjectLoadError(f"it does not link: it refers to {', '.join(missing)}, which neither it nor "
                                       f"this process defines (LLVM: {exc})") from None

@@ -85,6 +85,17 @@ void _mlir_ciface_scaled(M1 *a, M1 *o) {
 int64_t constructed_order(void) { int64_t n = 0; for (int i = 0; order[i]; i++) n = 10 * n + (order[i] - '0'); return n; }
 """
 
+CPP_SOURCE = r"""
+#include <cstdint>
+struct M1 { float *allocated, *aligned; int64_t offset, sizes[1], strides[1]; };
+struct Factor { float value; Factor() : value(5.0f) {} ~Factor() { value = 0.0f; } };
+static Factor factor;  /* a static object: constructed by the object's .init_array, destroyed via __cxa_atexit */
+extern "C" void _mlir_ciface_scaled(M1 *a, M1 *o) {
+  for (int64_t i = 0; i < a->sizes[0]; i++)
+    o->aligned[o->offset + i * o->strides[0]] = factor.value * a->aligned[a->offset + i * a->strides[0]];
+}
+"""
+
 UNLINKED_SOURCE = r"""
 #include <stdint.h>
 typedef struct { float *allocated, *aligned; int64_t offset, sizes[1], strides[1]; } M1;
@@ -121,13 +132,15 @@ def build_c(folder: str) -> tuple[str, str]:
     return shared, relocatable
 
 
-def build_object(folder: str, name: str, source: str) -> str:
-    """C ``source`` compiled by gcc into the object file ``<name>.o`` in ``folder``."""
-    path = os.path.join(folder, f"{name}.c")
+def build_object(folder: str, name: str, source: str, language: str = "c") -> str:
+    """C (or, with ``language="c++"``, C++ without exceptions) ``source`` compiled by gcc (g++) into the object
+    file ``<name>.o`` in ``folder``."""
+    path = os.path.join(folder, f"{name}.{'cc' if language == 'c++' else 'c'}")
     with open(path, "w") as out:
         out.write(source)
-    subprocess.run(["gcc", "-O2", "-fPIC", "-c", "-o", path[:-2] + ".o", path], check=True)
-    return path[:-2] + ".o"
+    compiler = ["g++", "-fno-exceptions"] if language == "c++" else ["gcc"]
+    subprocess.run([*compiler, "-O2", "-fPIC", "-c", "-o", os.path.join(folder, f"{name}.o"), path], check=True)
+    return os.path.join(folder, f"{name}.o")
 
 
 def _tool(package: str, name: str) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from memkernel import (ArgumentError, CompileError, KernelCrashed, MLIRSyntaxErr
                        SignatureError, ValueRangeError)
 
 from ..processes import run_python
-from .libraries import CONSTRUCTED_SOURCE, UNLINKED_SOURCE, build_c, build_mlir, build_object, mlir_tools
+from .libraries import CONSTRUCTED_SOURCE, CPP_SOURCE, UNLINKED_SOURCE, build_c, build_mlir, build_object, mlir_tools
 
 PATH = "checked" if os.environ.get("MEMKERNEL_FAST_PATH") == "0" else "fast"
 """The path a valid call takes: the compiled fast path, unless the environment switches it off."""
@@ -306,6 +307,19 @@ def test_object_file_destructors_run_at_exit_by_descending_priority(constructed)
         print("exiting", flush=True)
     """, MEMKERNEL_TEST_DESTRUCTORS="1")
     assert printed == "exiting\nd3d2d1\n"
+
+
+def test_cpp_object_files_static_objects_are_constructed(tmp_path):
+    if shutil.which("g++") is None:
+        pytest.skip("g++ is not installed: no C++ object file to link")
+    library = build_object(str(tmp_path), "static_object", CPP_SOURCE, language="c++")
+
+    @memkernel.extern(library, "func.func private @scaled(%a: memref<?xf32> {memkernel.read_only}, "
+                               "%o: memref<?xf32>)")
+    def scaled(a: "N") -> "N": ...  # noqa: F821
+
+    x = floats(4, 1.0)
+    np.testing.assert_array_equal(scaled(x), 5.0 * x)
 
 
 def test_object_file_that_does_not_link_names_the_symbol_it_lacks(tmp_path):
