@@ -108,7 +108,7 @@ class Kernel:
         """The kernel's IR from its built artifact (see :mod:`memkernel.load.artifacts`), else as
         :meth:`_read_cached` reads it."""
         self._artifact, digest = artifacts.find(getattr(self._function, "__module__", None),
-                                                self.artifact_fields(), requested or "mlir_kernel")
+                                                self._artifact_fields(), requested or "mlir_kernel")
         if self._artifact is not None:
             return self._artifact.kernel_ir
         try:
@@ -134,7 +134,7 @@ class Kernel:
                     folder.write(key, ".mks", codec.dumps(kernel_ir).encode())
         return kernel_ir
 
-    def artifact_fields(self) -> dict[str, Any]:
+    def _artifact_fields(self) -> dict[str, Any]:
         """What the built artifact of this kernel is looked up by: what ``memkernel build`` keys it by too."""
         return artifact_fields(self.options, self._requested, self._shared_libs)
 

@@ -78,7 +78,7 @@ def build_kernel(kernel: Kernel, out: str, target_cpu: str | None, manifest: dic
         raise CompileError(f"{name}(): memkernel build cannot build it: {why}.")
     cpu, target, requires = target_requirements(target_cpu)
     module = kernel.function.__module__
-    key, digest = artifacts.artifact_key(kernel.artifact_fields())
+    key, digest = artifacts.artifact_key(kernel._artifact_fields())
     fast = fast_path(spec, spec.signature.results) if abi.fast_path_supported() else None
     made = worker.run(options.llvm_options, f"building @{name}", object_code, options.source, name,
                       pipeline_of(options), options.opt_level, tuple(kernel._shared_libs), fast, (), (), cpu)
