@@ -284,13 +284,18 @@ def constructed(tmp_path_factory):
     return build_object(str(tmp_path_factory.mktemp("constructed")), "constructed", CONSTRUCTED_SOURCE)
 
 
-def test_object_file_constructors_run_before_its_functions_are_called(constructed):
-    @memkernel.extern(constructed, "func.func private @scaled(%a: memref<?xf32> {memkernel.read_only}, "
-                                   "%o: memref<?xf32>)")
+@pytest.mark.parametrize("language, source, factor", [("c", CONSTRUCTED_SOURCE, 3.0), ("c++", CPP_SOURCE, 5.0)])
+def test_object_file_constructors_run_before_its_functions_are_called(tmp_path, language, source, factor):
+    if shutil.which("g++" if language == "c++" else "gcc") is None:
+        pytest.skip(f"no {language} compiler is installed: no object file to link")
+    library = build_object(str(tmp_path), "constructed", source, language=language)  # C++: a static object
+
+    @memkernel.extern(library, "func.func private @scaled(%a: memref<?xf32> {memkernel.read_only}, "
+                               "%o: memref<?xf32>)")
     def scaled(a: "N") -> "N": ...  # noqa: F821
 
     x = floats(5, 1.0)
-    np.testing.assert_array_equal(scaled(x), 3.0 * x)
+    np.testing.assert_array_equal(scaled(x), factor * x)
 
 
 def test_object_file_constructors_run_by_ascending_priority(constructed):
@@ -307,19 +312,6 @@ def test_object_file_destructors_run_at_exit_by_descending_priority(constructed)
         print("exiting", flush=True)
     """, MEMKERNEL_TEST_DESTRUCTORS="1")
     assert printed == "exiting\nd3d2d1\n"
-
-
-def test_cpp_object_files_static_objects_are_constructed(tmp_path):
-    if shutil.which("g++") is None:
-        pytest.skip("g++ is not installed: no C++ object file to link")
-    library = build_object(str(tmp_path), "static_object", CPP_SOURCE, language="c++")
-
-    @memkernel.extern(library, "func.func private @scaled(%a: memref<?xf32> {memkernel.read_only}, "
-                               "%o: memref<?xf32>)")
-    def scaled(a: "N") -> "N": ...  # noqa: F821
-
-    x = floats(4, 1.0)
-    np.testing.assert_array_equal(scaled(x), 5.0 * x)
 
 
 def test_object_file_that_does_not_link_names_the_symbol_it_lacks(tmp_path):
