@@ -248,6 +248,14 @@ def test_build_for_an_unknown_cpu_is_a_one_line_error(built, capsys, monkeypatch
     assert err.count("\n") == 1
 
 
+def test_build_into_a_path_that_is_a_file_is_a_one_line_error(built, capsys, monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(built))
+    taken = tmp_path / "taken"
+    taken.write_text("not a folder")
+    assert main(["build", "shipped", "-o", str(taken)]) == 1
+    assert capsys.readouterr().err == f"memkernel: error: cannot write the artifacts into {taken}: File exists\n"
+
+
 def test_build_of_a_module_that_does_not_import_is_a_one_line_error(capsys):
     assert main(["build", "no_such_module_here"]) == 1
     assert capsys.readouterr().err == "memkernel: error: cannot import no_such_module_here: No module named " \
