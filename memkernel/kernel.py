@@ -39,8 +39,7 @@ from .call.results import ResultReader
 from .fastpath import abi
 from .fastpath.builtin import FastFunction, called_through
 from .load import artifacts
-from .load import cache as kernel_cache
-from .load.cache import CacheKey, Entry
+from .load.entry import Entry
 from .load.compiled import CompiledFunction, load_function
 from .load.guard import raiser
 from .load.libraries import resolve_libraries
@@ -53,6 +52,7 @@ from .options import OPTION_NAMES, STAGES, KernelOptions
 
 if TYPE_CHECKING:
     from .analysis.source import ParsedSource
+    from .load.cache import CacheKey, Folder
 
 class Kernel:
     """An MLIR function callable like a numpy function. Made by :func:`mlir_kernel`.
@@ -124,6 +124,8 @@ class Kernel:
 
     def _read_cached(self, requested: str | None) -> KernelIR:
         """The kernel's IR from the disk cache, or read now by the compiler (and then cached)."""
+        from .load import cache as kernel_cache  # the disk cache's machinery: a built kernel does without it
+
         options = self.options
         key = _decoration_key(options, requested) if options.cache else None
         with kernel_cache.disk_cache() as folder:
@@ -234,10 +236,12 @@ class Kernel:
             except ObjectLoadError:
                 return None
 
+        from .load import cache as kernel_cache
+
         key = None
         # Compiled code with callbacks is bound to this kernel's Python functions: never shared.
         if options.cache and not self._callbacks:
-            key = CacheKey.of(
+            key = kernel_cache.CacheKey.of(
                 kind="code",
                 source=_source_digest(options.source),
                 function=name,
@@ -482,6 +486,8 @@ def artifact_fields(options: KernelOptions, requested: str | None, shared_libs: 
 
 def _decoration_key(options: KernelOptions, requested: str | None) -> CacheKey:
     """The key of what decoration reads of kernel ``requested`` (None: the source's only function)."""
+    from .load.cache import CacheKey
+
     return CacheKey.of(kind="decoration", source=_source_digest(options.source), function=requested,
                        pipeline=_pipeline_fields(options))
 
@@ -502,7 +508,7 @@ def _pending_errors(options: KernelOptions, kernel_ir: KernelIR) -> PendingError
     return PendingErrors(parallel=options.parallel or kernel_ir.asynchronous)
 
 
-def _cached_ir(folder: kernel_cache.Folder, key: CacheKey) -> KernelIR | None:
+def _cached_ir(folder: Folder, key: CacheKey) -> KernelIR | None:
     body = folder.read(key, ".mks")
     if body is None:
         return None

@@ -32,7 +32,7 @@ import numpy as np
 from ..errors import CompileError
 from ..model import codec
 from ..model.kernel_spec import KernelIR
-from .cache import Entry, _symbols, _symbols_data, code_digest
+from .entry import Entry, code_digest, symbols_data, symbols_from_data
 from .compiled import CompiledFunction, bind_function
 from .files import NotRegularFile, read_regular
 
@@ -160,7 +160,7 @@ def find(module: str | None, fields: dict[str, Any], kernel: str) -> tuple[Artif
             if missing:
                 refused.append(f"{target} (needs {', '.join(missing)})")
                 continue
-            entry = Entry(b"", (), _symbols(built.get("fast")), bool(built.get("may_print", True)),
+            entry = Entry(b"", (), symbols_from_data(built.get("fast")), bool(built.get("may_print", True)),
                           bool(built.get("guarded")), False)
             path = os.path.join(folder, f"{digest}.{target}.so")
             return Artifact(kernel_ir, str(described.get("spec")), target, path, entry,
@@ -178,7 +178,7 @@ def manifest_entry(key: dict[str, Any], kernel_ir: KernelIR, spec: str) -> dict[
 
 def target_entry(entry: Entry, requires: list[str], sha256: str) -> dict[str, Any]:
     """The manifest's description of a kernel's build for one target."""
-    return {"fast": _symbols_data(entry.fast), "may_print": entry.may_print, "guarded": entry.guarded,
+    return {"fast": symbols_data(entry.fast), "may_print": entry.may_print, "guarded": entry.guarded,
             "requires": requires, "sha256": sha256}
 
 

@@ -31,7 +31,6 @@ runs without the disk cache.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import hmac
 import json
@@ -50,10 +49,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from ..errors import MissingDependencyError
-from ..fastpath.symbols import FastSymbols
-from ..model.dtypes import dtype_named
 from . import objects as jit
+from .entry import Entry, code_digest, symbols_data, symbols_from_data
 from .files import read_regular
 
 if TYPE_CHECKING:
@@ -83,29 +80,6 @@ def _version(distribution: str) -> str:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:
         return "absent"
-
-
-@functools.lru_cache(maxsize=None)
-def code_digest(package: str | os.PathLike[str] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) -> str:
-    """A digest of memkernel's own source files (those of ``package``): an entry made by other memkernel
-    code is never loaded. Read once per process, with ``os.scandir`` (``pathlib``'s globbing cost more than
-    the reading and hashing)."""
-    found: list[tuple[tuple[str, ...], str]] = []
-    folders: list[tuple[str, tuple[str, ...]]] = [(os.fspath(package), ())]
-    while folders:
-        folder, parts = folders.pop()
-        with os.scandir(folder) as entries:
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    if entry.name != "__pycache__":
-                        folders.append((entry.path, (*parts, entry.name)))
-                elif entry.name.endswith((".py", ".mlir")):
-                    found.append(((*parts, entry.name), entry.path))
-    digest = hashlib.sha256()
-    for parts, path in sorted(found):
-        with open(path, "rb") as opened:
-            digest.update("/".join(parts).encode() + b"\0" + opened.read())
-    return digest.hexdigest()[:16]
 
 
 def _environment() -> dict[str, str]:
@@ -210,39 +184,6 @@ def directory() -> Path | None:
     return Path(base) / "memkernel"
 
 
-@dataclass(frozen=True)
-class Entry:
-    """A disk cache entry: the object code, the libraries it links against, its fast path's
-    symbols (None when it has none), whether it may print, whether its failed assertions and allocations
-    return to a guard (see :mod:`memkernel.compile.guard`), and whether it has global constructors or
-    destructors to run (see :mod:`memkernel.compile.initializers`)."""
-
-    code: bytes
-    libraries: tuple[str, ...]
-    fast: FastSymbols | None
-    may_print: bool
-    guarded: bool = False
-    initializers: bool = False
-
-
-def _symbols_data(symbols: FastSymbols | None) -> dict[str, Any] | None:
-    if symbols is None:
-        return None
-    return {"function": symbols.function, "consts": symbols.consts, "entry": symbols.entry,
-            "dtypes": [d.name for d in symbols.dtypes]}
-
-
-def _symbols(data: Any) -> FastSymbols | None:
-    """The fast path symbols of a header; None for none, and for anything malformed (the entry then binds
-    no fast path, and calls take the checked path)."""
-    try:
-        return FastSymbols(str(data["function"]), str(data["consts"]),
-                           tuple(dtype_named(name) for name in data["dtypes"]),
-                           None if data["entry"] is None else str(data["entry"]))
-    except (TypeError, KeyError, ValueError, MissingDependencyError):
-        return None
-
-
 _warned: set[str] = set()
 _secrets: dict[tuple[int, int], bytes] = {}
 _secrets_lock = threading.Lock()
@@ -313,7 +254,7 @@ class Folder:
     def store(self, key: CacheKey, entry: Entry) -> None:
         """Write ``entry`` atomically; a folder that cannot be written only warns."""
         header = json.dumps({"key": key.fields, "libraries": list(entry.libraries),
-                             "fast": _symbols_data(entry.fast), "may_print": entry.may_print,
+                             "fast": symbols_data(entry.fast), "may_print": entry.may_print,
                              "guarded": entry.guarded,
                              "initializers": entry.initializers}).encode()
         self.write(key, ".mkc", _HEADER_SIZE.pack(len(header)) + header + entry.code)
@@ -364,7 +305,8 @@ def _decode(body: memoryview, key: CacheKey) -> Entry | None:
         return None
     code = bytes(body[_HEADER_SIZE.size + header_size:])
     fast = header.get("fast")
-    return Entry(code, libraries, None if fast is None else _symbols(fast), bool(header.get("may_print", True)),
+    return Entry(code, libraries, None if fast is None else symbols_from_data(fast),
+                 bool(header.get("may_print", True)),
                  bool(header.get("guarded")), bool(header.get("initializers")))
 
 
