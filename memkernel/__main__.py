@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 
-from memkernel import mlir_kernel
+from memkernel import Kernel, MemkernelError, mlir_kernel
 
 DEMO = """
 func.func @matmul_bias(%a: memref<?x?xf32>, %b: memref<?x?xf32>, %bias: memref<?xf32>,
@@ -25,13 +25,20 @@ func.func @matmul_bias(%a: memref<?x?xf32>, %b: memref<?x?xf32>, %bias: memref<?
 """
 
 
-@mlir_kernel(DEMO)
-def matmul_bias(a, b, bias):  # type: ignore[no-untyped-def]
-    """``a @ b + bias``; the body gives the shape of the output ``c``."""
-    return (a.shape[0], b.shape[1])
+def demo_kernel() -> Kernel:
+    """The demo's kernel, decorated when the demo runs (not at import: ``python -m memkernel build`` must not
+    need the compiler to read it)."""
+
+    @mlir_kernel(DEMO)
+    def matmul_bias(a, b, bias):  # type: ignore[no-untyped-def]
+        """``a @ b + bias``; the body gives the shape of the output ``c``."""
+        return (a.shape[0], b.shape[1])
+
+    return matmul_bias
 
 
 def main() -> int:
+    matmul_bias = demo_kernel()
     rng = np.random.default_rng(0)
     a = rng.standard_normal((4, 3), dtype=np.float32)
     b = rng.standard_normal((3, 5), dtype=np.float32)
@@ -48,9 +55,24 @@ def main() -> int:
     return 0
 
 
-if __name__ == "__main__":
-    if len(sys.argv) > 1:
-        from memkernel.cli import main as command_line
+def run(arguments: list[str]) -> int:
+    """The demo with no ``arguments``, else the command line; an error memkernel raises is one line,
+    ``memkernel: error: ...``, and exit status 1 (the command line needs the compiler, which the runtime-only
+    install lacks)."""
+    try:
+        if arguments:
+            try:
+                from memkernel.cli import main as command_line
+            except ImportError as exc:
+                print(f"memkernel: error: the command line needs memkernel's compiler and the MLIR Python bindings, "
+                      f"which cannot be imported here ({exc}). Install them: pip install memkernel.", file=sys.stderr)
+                return 1
+            return command_line(arguments)
+        return main()
+    except MemkernelError as exc:
+        print(f"memkernel: error: {exc}", file=sys.stderr)
+        return 1
 
-        sys.exit(command_line())
-    sys.exit(main())
+
+if __name__ == "__main__":
+    sys.exit(run(sys.argv[1:]))

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import string
 from collections.abc import Sequence, Set as AbstractSet
 from dataclasses import dataclass
@@ -352,6 +353,28 @@ def apply(kernel: Kernel, *args: Any, all_parallel: bool = False) -> Any:
     carried = _carried(_offset_kernel(kernel, chunking) if chunking.offsets else kernel)
     outputs = tuple(_output(kernel, carried, chunking, bound, j) for j in range(spec.n_outputs))
     return outputs[0] if len(outputs) == 1 else outputs
+
+
+def apply_gufunc(gufunc: np.ufunc, *args: Any, **kwargs: Any) -> Any:
+    """``gufunc(*args)`` for dask arrays, lazily, for any generalized ufunc with one loop, such as one
+    :meth:`~memkernel.Kernel.gufunc` made: also one whose core signature has numbers (static core dims,
+    ``(4)->(1)``), which ``gufunc(dask_array)`` cannot take, since dask reads each number as a dim's name and
+    infers the output dtypes by calling the gufunc on arrays of size 1.
+
+    This passes :func:`dask.array.apply_gufunc` the output dtypes of the gufunc's loop and the sizes of its
+    numbered dims. ``kwargs`` are those of :func:`dask.array.apply_gufunc` (``axes``, ``keepdims``, ...).
+    Each core dim must be one chunk, as dask requires. Raises ArgumentError for a ufunc that is not a
+    generalized ufunc with one loop.
+    """
+    signature: str | None = getattr(gufunc, "signature", None)
+    loops: list[str] = list(getattr(gufunc, "types", ()))
+    if not isinstance(gufunc, np.ufunc) or signature is None or len(loops) != 1:
+        raise ArgumentError(f"apply_gufunc(): expected a generalized numpy ufunc with one loop, such as "
+                            f"kernel.gufunc() makes; got {gufunc!r}")
+    dtypes = [np.dtype(code) for code in loops[0].split("->")[1]]
+    sizes = {number: int(number) for number in re.findall(r"\b\d+\b", signature)}
+    return da.apply_gufunc(gufunc, signature, *args, output_dtypes=dtypes[0] if len(dtypes) == 1 else dtypes,
+                           output_sizes=sizes, **kwargs)
 
 
 def _sizes(chunking: Chunking, bound: Sequence[Any]) -> dict[str, int]:

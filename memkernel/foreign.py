@@ -16,7 +16,6 @@ from typing import Any
 
 from .errors import CompileError, OptionError
 from .kernel import Kernel, _needs_compiler
-from .load import foreign as loaded
 from .model.foreign import CONVENTIONS
 from .options import KernelOptions
 
@@ -46,7 +45,7 @@ def extern(library: str | os.PathLike[str], declaration: str, *, abi: str | None
     Decoration reads the declaration with the MLIR bindings. Raises
     MLIRSyntaxError for a declaration that does not parse, SignatureError for one
     memkernel cannot call, CompileError for a library that does not load or lacks
-    the symbol, OptionError for an unknown option or ``abi``.
+    the symbol, OptionError for an unknown option or ``abi``, or a library that is not a path.
     """
     unknown = sorted(set(options) - set(EXTERN_OPTIONS))
     if unknown:
@@ -55,11 +54,15 @@ def extern(library: str | os.PathLike[str], declaration: str, *, abi: str | None
     if abi is not None and abi not in CONVENTIONS:
         raise OptionError(f"memkernel.extern(): abi must be None (the C interface where the library has it) or one "
                           f"of {', '.join(map(repr, CONVENTIONS))}; got {abi!r}")
+    if not isinstance(library, (str, os.PathLike)):
+        raise OptionError(f"memkernel.extern(): the library must be the path (a str or os.PathLike) of a shared "
+                          f"object or an object file; got {type(library).__name__} {library!r}")
     if not isinstance(declaration, str):
         raise OptionError(f"memkernel.extern(): the declaration must be MLIR text (a str), got "
                           f"{type(declaration).__name__}")
     with _needs_compiler(None, "reading an extern declaration"):
         from .compile.foreign import kernel_source, read_declaration
+    from .load import foreign as loaded
 
     declared = read_declaration(declaration)
     name = declared.name

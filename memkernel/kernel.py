@@ -39,10 +39,8 @@ from .call.results import ResultReader
 from .fastpath import abi
 from .fastpath.builtin import FastFunction, called_through
 from .load import artifacts
-from .load import cache as kernel_cache
-from .load.cache import CacheKey, Entry
+from .load.entry import Entry
 from .load.compiled import CompiledFunction, load_function
-from .load.foreign import addresses as foreign_addresses
 from .load.guard import raiser
 from .load.libraries import resolve_libraries
 from .load.objects import ObjectLoadError
@@ -54,6 +52,7 @@ from .options import OPTION_NAMES, STAGES, KernelOptions
 
 if TYPE_CHECKING:
     from .analysis.source import ParsedSource
+    from .load.cache import CacheKey, Folder
 
 class Kernel:
     """An MLIR function callable like a numpy function. Made by :func:`mlir_kernel`.
@@ -80,6 +79,7 @@ class Kernel:
         self._shared_libs = resolve_libraries(os.fspath(lib) for lib in options.shared_libs)
         self._artifact: artifacts.Artifact | None = None
         requested = options.name or (None if function.__name__ == "<lambda>" else function.__name__)
+        self._requested = requested  # the function asked for: None, the source's only one, for a lambda
         kernel_ir, self._callbacks = self._read(requested)
         self.kernel_ir = kernel_ir  # what decoration read of the IR: what memkernel build ships
         self.spec: KernelSpec = bind(kernel_ir, function)
@@ -109,23 +109,25 @@ class Kernel:
     def _read_built_or_cached(self, requested: str | None) -> KernelIR:
         """The kernel's IR from its built artifact (see :mod:`memkernel.load.artifacts`), else as
         :meth:`_read_cached` reads it."""
-        options = self.options
         self._artifact, digest = artifacts.find(getattr(self._function, "__module__", None),
-                                                artifact_fields(options, requested, self._shared_libs),
-                                                requested or "mlir_kernel")
+                                                self._artifact_fields(), requested or "mlir_kernel")
         if self._artifact is not None:
             return self._artifact.kernel_ir
         try:
             return self._read_cached(requested)
         except MissingDependencyError as exc:
+            label = f"{requested or 'mlir_kernel'}(): "
             raise MissingDependencyError(
-                f"{exc} Or build the package's kernels ahead of time with memkernel build: no built artifact "
+                f"{'' if str(exc).startswith(label) else label}{exc} Or build the package's kernels ahead of time "
+                f"with memkernel build: no built artifact "
                 f"has this kernel's key {digest} (looked in "
                 f"{', '.join(artifacts.folders(getattr(self._function, '__module__', None))) or 'no folder'})."
             ) from exc.__cause__
 
     def _read_cached(self, requested: str | None) -> KernelIR:
         """The kernel's IR from the disk cache, or read now by the compiler (and then cached)."""
+        from .load import cache as kernel_cache  # the disk cache's machinery: a built kernel does without it
+
         options = self.options
         key = _decoration_key(options, requested) if options.cache else None
         with kernel_cache.disk_cache() as folder:
@@ -135,6 +137,10 @@ class Kernel:
                 if folder is not None and key is not None:
                     folder.write(key, ".mks", codec.dumps(kernel_ir).encode())
         return kernel_ir
+
+    def _artifact_fields(self) -> dict[str, Any]:
+        """What the built artifact of this kernel is looked up by: what ``memkernel build`` keys it by too."""
+        return artifact_fields(self.options, self._requested, self._shared_libs)
 
     @property
     def _name(self) -> str:
@@ -216,7 +222,7 @@ class Kernel:
             compiled = artifact.load()
             return compiled if fast_wanted else dataclasses.replace(compiled, fast=None, fast_address=0,
                                                                     consts_address=0)
-        foreign = foreign_addresses(self.spec.foreign, name)
+        foreign = _foreign_addresses(self.spec)
 
         def compile_now(keep_object: bool) -> tuple[CompiledFunction, Entry | None]:
             with _needs_compiler(name, "compiling it (no cache holds its code)"):
@@ -232,10 +238,12 @@ class Kernel:
             except ObjectLoadError:
                 return None
 
+        from .load import cache as kernel_cache
+
         key = None
         # Compiled code with callbacks is bound to this kernel's Python functions: never shared.
         if options.cache and not self._callbacks:
-            key = CacheKey.of(
+            key = kernel_cache.CacheKey.of(
                 kind="code",
                 source=_source_digest(options.source),
                 function=name,
@@ -285,7 +293,7 @@ class Kernel:
         with _needs_compiler(spec.name, "gufunc() (its loop is compiled afresh)"):
             from .compile.build import build_gufunc
 
-        compiled = build_gufunc(options, layout, self._shared_libs)
+        compiled = build_gufunc(options, layout, self._shared_libs, _foreign_addresses(spec))
         doc = f"{spec.name}{layout.signature}: the memkernel kernel @{spec.name} as a generalized ufunc."
         return make_ufunc(layout, compiled.fast_address, compiled.consts_address, compiled, options.source, doc)
 
@@ -544,8 +552,20 @@ def artifact_fields(options: KernelOptions, requested: str | None, shared_libs: 
 
 def _decoration_key(options: KernelOptions, requested: str | None) -> CacheKey:
     """The key of what decoration reads of kernel ``requested`` (None: the source's only function)."""
+    from .load.cache import CacheKey
+
     return CacheKey.of(kind="decoration", source=_source_digest(options.source), function=requested,
                        pipeline=_pipeline_fields(options))
+
+
+def _foreign_addresses(spec: KernelSpec) -> dict[str, int]:
+    """Where the foreign functions an extern kernel calls are in this process (see :mod:`memkernel.load.foreign`,
+    imported only for such a kernel)."""
+    if not spec.foreign:
+        return {}
+    from .load.foreign import addresses
+
+    return addresses(spec.foreign, spec.name)
 
 
 def _pending_errors(options: KernelOptions, kernel_ir: KernelIR) -> PendingErrors:
@@ -554,7 +574,7 @@ def _pending_errors(options: KernelOptions, kernel_ir: KernelIR) -> PendingError
     return PendingErrors(parallel=options.parallel or kernel_ir.asynchronous)
 
 
-def _cached_ir(folder: kernel_cache.Folder, key: CacheKey) -> KernelIR | None:
+def _cached_ir(folder: Folder, key: CacheKey) -> KernelIR | None:
     body = folder.read(key, ".mks")
     if body is None:
         return None

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import uuid
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
@@ -62,6 +61,8 @@ def token_of(kernel: Any) -> str:
     """The token that names ``kernel`` when it is pickled by value (random, kept while the kernel lives),
     so that a process unpickling the same kernel again (a Dask worker receives it with every task) reuses
     the kernel it rebuilt the first time (see :func:`rebuilt`)."""
+    import uuid  # only when a kernel is pickled by value
+
     with _lock:
         return _tokens.setdefault(kernel, uuid.uuid4().hex)
 

@@ -47,7 +47,6 @@ import functools
 import io
 import os
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, TypeVar
@@ -113,6 +112,8 @@ def _write_all(fd: int, data: bytes) -> None:
 
 @functools.lru_cache(maxsize=None)
 def _sinks() -> tuple[IO[bytes], IO[bytes]]:
+    import tempfile  # only where output is captured: not at every import of memkernel
+
     return tempfile.TemporaryFile(), tempfile.TemporaryFile()
 
 
@@ -217,6 +218,8 @@ def capture_c_stderr() -> Iterator[list[str]]:
     another thread: it is meant for a compilation, never a kernel call. The
     text also goes on to the kernel-output capture in place, if any.
     """
+    import tempfile  # only where output is captured: not at every import of memkernel
+
     captured_text: list[str] = []
     with _descriptors, tempfile.TemporaryFile() as sink:
         sys.stderr.flush()

@@ -32,6 +32,12 @@ func.func @matmul(%a: memref<?x?xf32>, %b: memref<?x?xf32>, %c: memref<?x?xf32>)
   return
 }""", pipeline="fast")
 def matmul(a, b): ...
+
+subtract = mlir_kernel("""
+func.func @subtract(%a: memref<?xf32>, %b: memref<?xf32>, %o: memref<?xf32>) {
+  linalg.sub ins(%a, %b : memref<?xf32>, memref<?xf32>) outs(%o : memref<?xf32>)
+  return
+}""")(lambda a, b: None)
 '''
 
 PYPROJECT = '''
@@ -55,6 +61,8 @@ CALLER = textwrap.dedent("""
     import sys, time
     if "no-mlir" in sys.argv:
         sys.modules["mlir"] = None
+    if "no-llvm" in sys.argv:  # neither the MLIR bindings nor libLLVM: the runtime-only install
+        sys.modules["mlir"] = sys.modules["llvm"] = None
     started = time.perf_counter()
     import numpy as np
     numpy_imported = time.perf_counter()
@@ -66,6 +74,7 @@ CALLER = textwrap.dedent("""
     x = np.random.default_rng(0).standard_normal((37, 19)).astype(np.float32)
     y = np.random.default_rng(1).standard_normal((19, 23)).astype(np.float32)
     assert np.allclose(shipped.matmul(x, y), x @ y, rtol=1e-5, atol=1e-5)
+    assert np.array_equal(shipped.subtract(a, a[::-1]), a - a[::-1])
     path = shipped.matmul.invoker.last_path
     import memkernel
     try:
@@ -99,16 +108,16 @@ def built(tmp_path_factory):
     return folder
 
 
-def _call(folder, *arguments, env=None):
+def _call(folder, *arguments, env=None, timeout=300):
     return subprocess.run([sys.executable, "-c", CALLER, *arguments], cwd=folder, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{folder}", "MEMKERNEL_CACHE_DIR": "",
-                               **(env or {})}, timeout=300)
+                               **(env or {})}, timeout=timeout)
 
 
 def test_build_writes_a_manifest_and_one_shared_object_per_kernel(built):
     files = sorted(os.listdir(built / "shipped" / "_memkernel"))
     assert "manifest.json" in files
-    assert len([f for f in files if f.endswith(".x86-64-v2.so")]) == 2
+    assert len([f for f in files if f.endswith(".x86-64-v2.so")]) == 3
 
 
 def test_built_kernels_run_where_mlir_cannot_be_imported(built):
@@ -154,6 +163,76 @@ def test_a_kernel_without_artifact_where_mlir_is_missing_names_memkernel_build_a
     assert "memkernel build" in done.stderr and "no built artifact has this kernel's key " in done.stderr
 
 
+@pytest.mark.parametrize("mode", ["no-mlir", "no-llvm"])
+def test_built_kernels_run_where_neither_mlir_nor_libllvm_can_be_loaded(built, mode):
+    done = _call(built, mode)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "False"
+
+
+def test_a_kernel_without_artifact_where_libllvm_is_missing_is_a_missing_dependency_error(tmp_path):
+    _package(tmp_path)
+    done = _call(tmp_path, "no-llvm")
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("memkernel.errors.MissingDependencyError: add(): loading compiled code from the compile "
+                           "worker or the disk cache needs LLVM's JIT, and libLLVM cannot be loaded here"), last
+    assert "memkernel build: no built artifact has this kernel's key " in last
+
+
+def _copy(built, tmp_path):
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-r", str(built), str(copy)], check=True)
+    return copy, copy / "shipped" / "_memkernel"
+
+
+def test_a_missing_artifact_is_an_artifact_error_naming_it(built, tmp_path):
+    copy, folder = _copy(built, tmp_path)
+    for name in os.listdir(folder):
+        if name.endswith(".so"):
+            os.unlink(folder / name)
+    done = _call(copy, "no-llvm")
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"memkernel.load.artifacts.ArtifactError: add(): its built artifact {folder}/"), last
+    assert last.endswith(".x86-64-v2.so, which the manifest lists, is missing. Reinstall the package, or rebuild "
+                         "its kernels with memkernel build."), last
+
+
+def test_a_fifo_for_an_artifact_is_refused_never_opened_blocking(built, tmp_path):
+    copy, folder = _copy(built, tmp_path)
+    for name in os.listdir(folder):
+        if name.endswith(".so"):
+            os.unlink(folder / name)
+            os.mkfifo(folder / name)
+    done = _call(copy, "no-llvm", timeout=60)  # the old code waited for a writer for good: the timeout fails it
+    assert done.returncode != 0
+    assert ".x86-64-v2.so, which the manifest lists, cannot be read: it is a FIFO, not a regular file." in done.stderr
+
+
+def test_a_fifo_for_the_manifest_is_refused_never_opened_blocking(built, tmp_path):
+    copy, folder = _copy(built, tmp_path)
+    os.unlink(folder / "manifest.json")
+    os.mkfifo(folder / "manifest.json")
+    done = _call(copy, "no-llvm", timeout=60)
+    assert done.returncode != 0
+    assert (f"ArtifactError: add(): the artifacts' manifest {folder}/manifest.json cannot be read: it is a FIFO, "
+            "not a regular file. Rebuild it with memkernel build, or remove it.") in done.stderr
+
+
+@pytest.mark.parametrize("arguments", [[], ["build", "shipped"]])
+def test_python_m_memkernel_without_the_compiler_is_a_one_line_error(tmp_path, arguments):
+    _package(tmp_path)
+    program = "import sys, runpy; sys.modules['mlir'] = sys.modules['llvm'] = None; " \
+              "sys.argv[0] = 'memkernel'; runpy.run_module('memkernel', run_name='__main__')"
+    done = subprocess.run([sys.executable, "-c", program, *arguments], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{tmp_path}", "MEMKERNEL_CACHE_DIR": ""},
+                          timeout=300)
+    assert done.returncode == 1
+    assert done.stderr.startswith("memkernel: error: ") and done.stderr.count("\n") == 1, done.stderr
+    assert "pip install memkernel" in done.stderr
+
+
 def test_build_help_names_its_options(capsys):
     with pytest.raises(SystemExit):
         main(["build", "--help"])
@@ -167,6 +246,14 @@ def test_build_for_an_unknown_cpu_is_a_one_line_error(built, capsys, monkeypatch
     err = capsys.readouterr().err
     assert err.startswith("memkernel: error: --target-cpu must be one of x86-64, x86-64-v2, x86-64-v3, x86-64-v4")
     assert err.count("\n") == 1
+
+
+def test_build_into_a_path_that_is_a_file_is_a_one_line_error(built, capsys, monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(built))
+    taken = tmp_path / "taken"
+    taken.write_text("not a folder")
+    assert main(["build", "shipped", "-o", str(taken)]) == 1
+    assert capsys.readouterr().err == f"memkernel: error: cannot write the artifacts into {taken}: File exists\n"
 
 
 def test_build_of_a_module_that_does_not_import_is_a_one_line_error(capsys):

@@ -25,6 +25,7 @@ from collections import defaultdict
 
 from mlir import ir
 
+from ..errors import SignatureError
 from ..model.foreign import READ_ONLY_ATTRIBUTE
 from .ir_callbacks import walk
 
@@ -94,7 +95,7 @@ class _Analysis:
                 if len(op.regions[0].blocks) > 0:
                     self.bodies[name] = op.regions[0].blocks[0]
                 else:
-                    self.read_only[name] = _marked_read_only(op)
+                    self.read_only[name] = marked_read_only(op)
             return ir.WalkResult.ADVANCE
 
         walk(module, visit)
@@ -140,12 +141,26 @@ class _Analysis:
         return None if inputs is None or position >= inputs else []
 
 
-def _marked_read_only(declaration: ir.Operation) -> frozenset[int]:
-    """The arguments of a ``func.func`` declaration that carry ``{memkernel.read_only}``."""
+def marked_read_only(declaration: ir.Operation) -> frozenset[int]:
+    """The arguments of a ``func.func`` declaration marked ``{memkernel.read_only}`` (a unit attribute, or
+    ``= true``). SignatureError, naming the declaration and the argument, for any other value (``= false``
+    included): a mark memkernel cannot read must not turn a written memref into an unwritten one."""
     if "arg_attrs" not in declaration.attributes:
         return frozenset()
-    return frozenset(i for i, attrs in enumerate(ir.ArrayAttr(declaration.attributes["arg_attrs"]))
-                     if READ_ONLY_ATTRIBUTE in ir.DictAttr(attrs))
+    marked = set()
+    for i, attrs in enumerate(ir.ArrayAttr(declaration.attributes["arg_attrs"])):
+        entries = ir.DictAttr(attrs)
+        if READ_ONLY_ATTRIBUTE not in entries:
+            continue
+        value = entries[READ_ONLY_ATTRIBUTE]
+        if not (isinstance(value, ir.UnitAttr) or (isinstance(value, ir.BoolAttr) and ir.BoolAttr(value).value)):
+            name = ir.StringAttr(declaration.attributes["sym_name"]).value
+            raise SignatureError(
+                f"{name}(): argument #{i} of @{name} has {{{READ_ONLY_ATTRIBUTE} = {value}}}; only "
+                f"{{{READ_ONLY_ATTRIBUTE}}} (or = true) marks a memref the function never writes. Drop the "
+                "attribute for a memref it may write.")
+        marked.add(i)
+    return frozenset(marked)
 
 
 def written_arguments(module: ir.Module, function: str) -> frozenset[int]:

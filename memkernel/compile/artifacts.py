@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import CompileError
 from ..fastpath import abi
-from ..kernel import Kernel, artifact_fields, spec_digest
+from ..kernel import Kernel, spec_digest
 from ..load import artifacts
 from ..load.cache import Entry
 from ..load.objects import host_cpu
@@ -78,7 +78,7 @@ def build_kernel(kernel: Kernel, out: str, target_cpu: str | None, manifest: dic
         raise CompileError(f"{name}(): memkernel build cannot build it: {why}.")
     cpu, target, requires = target_requirements(target_cpu)
     module = kernel.function.__module__
-    key, digest = artifacts.artifact_key(artifact_fields(options, options.name or name, kernel._shared_libs))
+    key, digest = artifacts.artifact_key(kernel._artifact_fields())
     fast = fast_path(spec, spec.signature.results) if abi.fast_path_supported() else None
     made = worker.run(options.llvm_options, f"building @{name}", object_code, options.source, name,
                       pipeline_of(options), options.opt_level, tuple(kernel._shared_libs), fast, (), (), cpu)
@@ -106,7 +106,8 @@ def build_kernel(kernel: Kernel, out: str, target_cpu: str | None, manifest: dic
 
 def build(module_or_file: str, out: str | None = None, target_cpu: str | None = None) -> list[Built]:
     """Build every kernel of a Python module (a dotted name, or a ``.py`` file whose folder is put on the path)
-    into ``out`` (default: ``_memkernel`` beside the module) for ``target_cpu``. Returns what was built."""
+    into ``out`` (default: ``_memkernel`` beside the module) for ``target_cpu``. Returns what was built.
+    CompileError for a kernel that cannot be built or a folder that cannot be written."""
     name = module_or_file
     if module_or_file.endswith(".py"):
         folder, file = os.path.split(os.path.abspath(module_or_file))
@@ -117,11 +118,15 @@ def build(module_or_file: str, out: str | None = None, target_cpu: str | None = 
         raise CompileError(f"{module_or_file} defines no kernel at its top level (@mlir_kernel).")
     module_file = sys.modules[name].__file__ or ""
     out = out or os.path.join(os.path.dirname(os.path.abspath(module_file)), artifacts.FOLDER)
-    os.makedirs(out, exist_ok=True)
-    manifest = artifacts.read_manifest(out)
-    built = [build_kernel(kernel, out, target_cpu, manifest) for kernel in kernels]
-    text = json.dumps({"format": artifacts.FORMAT, "kernels": manifest}, indent=1, sort_keys=True)
-    with open(os.path.join(out, artifacts.MANIFEST + ".tmp"), "w") as written:
-        written.write(text)
-    os.replace(os.path.join(out, artifacts.MANIFEST + ".tmp"), os.path.join(out, artifacts.MANIFEST))
+    try:
+        os.makedirs(out, exist_ok=True)
+        manifest = artifacts.read_manifest(out)
+        built = [build_kernel(kernel, out, target_cpu, manifest) for kernel in kernels]
+        text = json.dumps({"format": artifacts.FORMAT, "kernels": manifest}, indent=1, sort_keys=True)
+        with open(os.path.join(out, artifacts.MANIFEST + ".tmp"), "w") as written:
+            written.write(text)
+        os.replace(os.path.join(out, artifacts.MANIFEST + ".tmp"), os.path.join(out, artifacts.MANIFEST))
+    except OSError as exc:
+        raise CompileError(f"cannot write the artifacts into {out}: {exc.strerror or exc}"
+                           f"{f' ({exc.filename})' if exc.filename and exc.filename != out else ''}") from None
     return built

@@ -30,17 +30,19 @@ def build(options: KernelOptions, spec: KernelSpec, shared_libs: Sequence[str], 
                             keep_object, callbacks, options.llvm_options, foreign)
 
 
-def build_gufunc(options: KernelOptions, layout: GufuncLayout, shared_libs: Sequence[str]) -> CompiledFunction:
+def build_gufunc(options: KernelOptions, layout: GufuncLayout, shared_libs: Sequence[str],
+                 foreign: Mapping[str, int] | None = None) -> CompiledFunction:
     """Compile the kernel of ``options.source`` with the gufunc loop of ``layout`` (see
     :mod:`memkernel.compile.gufunc_loop`) in the compile worker, and link it here: its ``fast_address`` is the
     loop, its ``consts_address`` the loop's table. The kernel itself is compiled without the async runtime
-    (with ``parallel=True`` the loop spreads the batch over threads of its own). Raises CompileError."""
+    (with ``parallel=True`` the loop spreads the batch over threads of its own). ``foreign`` maps the foreign
+    symbols the kernel calls (an extern kernel's) to their addresses. Raises CompileError."""
     name = layout.kernel
     loop = FastPath(loop_text(layout, options.parallel), FastSymbols(loop_name(name), consts_name(name), ()), name,
                     operand_types(layout), None)
     serial = dataclasses.replace(options, parallel=False)
     return compile_function(options.source, name, pipeline_of(serial), options.opt_level, shared_libs, loop,
-                            False, {}, options.llvm_options)
+                            False, {}, options.llvm_options, foreign)
 
 
 def lowered(options: KernelOptions, name: str, callbacks: tuple[str, ...], stage: str) -> str:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from mlir import ir
 
 from ..analysis.source import MLIR_LOCK, parse_source
+from ..analysis.writes import marked_read_only
 from ..errors import SignatureError
 from ..model.foreign import DECLARED_PREFIX, EXTERN_ATTRIBUTE, READ_ONLY_ATTRIBUTE
 
@@ -43,6 +44,7 @@ def read_declaration(text: str) -> Declaration:
                 raise SignatureError(
                     f"{name}(): @{name} {where} is {t}: foreign code takes memrefs, not tensors (a tensor has no "
                     "calling convention). Declare it as a memref.")
+        marked_read_only(func)  # a mark whose value is not true is refused here, naming the argument
         arguments = []
         for i, t in enumerate(ftype.inputs):
             entries = {a.name for a in ir.DictAttr(attrs[i])} if i < len(attrs) else set()

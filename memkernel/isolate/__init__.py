@@ -52,7 +52,6 @@ from ..call.invoker import Invoker
 from ..errors import OptionError, SignatureError
 from ..model.kernel_spec import KernelSpec
 from ..options import KernelOptions
-from .run import IsolatedRun
 
 
 ENVIRONMENT = "MEMKERNEL_ISOLATE"
@@ -97,5 +96,7 @@ def invoker(spec: KernelSpec, options: KernelOptions, function: Callable[..., An
     """Kernel ``spec``'s call (made with ``options`` from the Python ``function``), running in the worker:
     the usual binding of arguments and ``out=``, then :class:`~memkernel.isolate.run.IsolatedRun`. Nothing is
     compiled in this process."""
+    from .run import IsolatedRun  # the worker's machinery (sockets, subprocesses) loads with the first such call
+
     run = IsolatedRun(spec, options, function)
     return Invoker.running(spec, run.allocator, run)

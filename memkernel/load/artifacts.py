@@ -32,8 +32,9 @@ import numpy as np
 from ..errors import CompileError
 from ..model import codec
 from ..model.kernel_spec import KernelIR
-from .cache import Entry, _symbols, _symbols_data, code_digest
+from .entry import Entry, code_digest, symbols_data, symbols_from_data
 from .compiled import CompiledFunction, bind_function
+from .files import NotRegularFile, read_regular
 
 FOLDER = "_memkernel"
 """The folder, beside the decorating module, that ``memkernel build`` writes by default."""
@@ -97,10 +98,14 @@ def folders(module: str | None) -> list[str]:
 
 
 def read_manifest(folder: str) -> dict[str, Any]:
-    """The manifest of ``folder``'s artifacts; empty when it has none or it does not parse."""
+    """The manifest of ``folder``'s artifacts; empty when it has none or it does not parse. ArtifactError for
+    a manifest that is not a regular file (a FIFO, a device: never opened blocking, never read)."""
+    path = os.path.join(folder, MANIFEST)
     try:
-        with open(os.path.join(folder, MANIFEST)) as opened:
-            manifest = json.load(opened)
+        manifest = json.loads(read_regular(path))
+    except NotRegularFile as exc:
+        raise ArtifactError(f"the artifacts' manifest {path} cannot be read: {exc}. Rebuild it with memkernel "
+                            "build, or remove it.") from None
     except (OSError, ValueError):
         return {}
     ok = isinstance(manifest, dict) and manifest.get("format") == FORMAT and isinstance(manifest.get("kernels"), dict)
@@ -111,26 +116,27 @@ def read_manifest(folder: str) -> dict[str, Any]:
 class Artifact:
     """One kernel's built code for one target, as its manifest describes it, verified."""
 
-    folder: str
-    digest: str
     kernel_ir: KernelIR
     spec: str
     target: str
     path: str
     entry: Entry
+    sha256: str
 
     def load(self) -> CompiledFunction:
-        """The kernel's code, opened with ``dlopen``; CompileError if its file no longer verifies."""
-        with open(self.path, "rb") as opened:
-            data = opened.read()
-        if hashlib.sha256(data).hexdigest() != self.entry_sha256:
-            raise CompileError(f"{self.kernel_ir.name}(): the artifact {self.path} does not match its manifest "
-                               "(edited or replaced after memkernel build): rebuild it with memkernel build.")
-        return bind_function(SharedObject(self.path), self.entry, self.kernel_ir.name)
-
-    @property
-    def entry_sha256(self) -> str:
-        return read_manifest(self.folder)[self.digest]["targets"][self.target]["sha256"]
+        """The kernel's code, opened with ``dlopen``; ArtifactError if its file is missing, is not a regular
+        file, or no longer verifies against the manifest's digest."""
+        name = self.kernel_ir.name
+        try:
+            data = read_regular(self.path)
+        except OSError as exc:
+            missing = "is missing" if isinstance(exc, FileNotFoundError) else f"cannot be read: {exc}"
+            raise ArtifactError(f"{name}(): its built artifact {self.path}, which the manifest lists, {missing}. "
+                                "Reinstall the package, or rebuild its kernels with memkernel build.") from None
+        if hashlib.sha256(data).hexdigest() != self.sha256:
+            raise ArtifactError(f"{name}(): the artifact {self.path} does not match its manifest "
+                                "(edited or replaced after memkernel build): rebuild it with memkernel build.")
+        return bind_function(SharedObject(self.path), self.entry, name)
 
 
 def find(module: str | None, fields: dict[str, Any], kernel: str) -> tuple[Artifact | None, str]:
@@ -139,7 +145,10 @@ def find(module: str | None, fields: dict[str, Any], kernel: str) -> tuple[Artif
     key, digest = artifact_key(fields)
     refused = []
     for folder in folders(module):
-        described = read_manifest(folder).get(digest)
+        try:
+            described = read_manifest(folder).get(digest)
+        except ArtifactError as exc:
+            raise ArtifactError(f"{kernel}(): {exc}") from None
         if not isinstance(described, dict) or described.get("key") != key:
             continue
         try:
@@ -151,10 +160,11 @@ def find(module: str | None, fields: dict[str, Any], kernel: str) -> tuple[Artif
             if missing:
                 refused.append(f"{target} (needs {', '.join(missing)})")
                 continue
-            entry = Entry(b"", (), _symbols(built.get("fast")), bool(built.get("may_print", True)),
+            entry = Entry(b"", (), symbols_from_data(built.get("fast")), bool(built.get("may_print", True)),
                           bool(built.get("guarded")), False)
             path = os.path.join(folder, f"{digest}.{target}.so")
-            return Artifact(folder, digest, kernel_ir, str(described.get("spec")), target, path, entry), digest
+            return Artifact(kernel_ir, str(described.get("spec")), target, path, entry,
+                            str(built.get("sha256"))), digest
     if refused:
         raise ArtifactError(f"{kernel}(): its built artifacts are for CPUs this host is not: {'; '.join(refused)}. "
                             "Rebuild with memkernel build --target-cpu x86-64-v2 (or another level this host has).")
@@ -168,7 +178,7 @@ def manifest_entry(key: dict[str, Any], kernel_ir: KernelIR, spec: str) -> dict[
 
 def target_entry(entry: Entry, requires: list[str], sha256: str) -> dict[str, Any]:
     """The manifest's description of a kernel's build for one target."""
-    return {"fast": _symbols_data(entry.fast), "may_print": entry.may_print, "guarded": entry.guarded,
+    return {"fast": symbols_data(entry.fast), "may_print": entry.may_print, "guarded": entry.guarded,
             "requires": requires, "sha256": sha256}
 
 

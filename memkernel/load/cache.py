@@ -36,7 +36,6 @@ import hashlib
 import hmac
 import json
 import os
-import secrets
 import stat
 import struct
 import sys
@@ -47,16 +46,16 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from importlib import metadata
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from ..errors import MissingDependencyError
-from ..fastpath.symbols import FastSymbols
-from ..model.dtypes import dtype_named
 from . import objects as jit
+from .entry import Entry, code_digest, symbols_data, symbols_from_data
+from .files import read_regular
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 Compiled = TypeVar("Compiled")
 
@@ -78,21 +77,12 @@ _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOE
 @functools.lru_cache(maxsize=None)
 def _version(distribution: str) -> str:
     """The installed version of ``distribution``, read once per process (each read scans ``sys.path``)."""
+    from importlib import metadata  # ~30 ms to import: only when a cache key is made, never for a built kernel
+
     try:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:
         return "absent"
-
-
-@functools.lru_cache(maxsize=None)
-def code_digest(package: Path = Path(__file__).resolve().parents[1]) -> str:
-    """A digest of memkernel's own source files (those of ``package``): an entry made by other memkernel
-    code is never loaded."""
-    digest = hashlib.sha256()
-    for path in sorted(package.rglob("*")):
-        if path.suffix in (".py", ".mlir") and "__pycache__" not in path.parts:
-            digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()[:16]
 
 
 def _environment() -> dict[str, str]:
@@ -188,44 +178,13 @@ def remember(key: CacheKey, compiled: Any) -> Any:
 
 def directory() -> Path | None:
     """The disk cache folder, or None when the disk cache is switched off."""
+    from pathlib import Path  # imported when the disk cache is used: a built kernel's start does without it
+
     configured = os.environ.get("MEMKERNEL_CACHE_DIR")
     if configured is not None:
         return Path(configured).expanduser() if configured.strip() else None
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "memkernel"
-
-
-@dataclass(frozen=True)
-class Entry:
-    """A disk cache entry: the object code, the libraries it links against, its fast path's
-    symbols (None when it has none), whether it may print, whether its failed assertions and allocations
-    return to a guard (see :mod:`memkernel.compile.guard`), and whether it has global constructors or
-    destructors to run (see :mod:`memkernel.compile.initializers`)."""
-
-    code: bytes
-    libraries: tuple[str, ...]
-    fast: FastSymbols | None
-    may_print: bool
-    guarded: bool = False
-    initializers: bool = False
-
-
-def _symbols_data(symbols: FastSymbols | None) -> dict[str, Any] | None:
-    if symbols is None:
-        return None
-    return {"function": symbols.function, "consts": symbols.consts, "entry": symbols.entry,
-            "dtypes": [d.name for d in symbols.dtypes]}
-
-
-def _symbols(data: Any) -> FastSymbols | None:
-    """The fast path symbols of a header; None for none, and for anything malformed (the entry then binds
-    no fast path, and calls take the checked path)."""
-    try:
-        return FastSymbols(str(data["function"]), str(data["consts"]),
-                           tuple(dtype_named(name) for name in data["dtypes"]),
-                           None if data["entry"] is None else str(data["entry"]))
-    except (TypeError, KeyError, ValueError, MissingDependencyError):
-        return None
 
 
 _warned: set[str] = set()
@@ -259,26 +218,18 @@ def _untrusted(status: os.stat_result, what: str) -> str | None:
 def _read_regular(name: str, folder: int, limit: int) -> bytes | None:
     """The bytes of regular file ``name`` in ``folder`` if it has at most ``limit``; None for anything else.
 
-    Never follows a symbolic link and never blocks (on a FIFO, a device).
+    Never follows a symbolic link and never blocks (on a FIFO, a device): see :func:`~.files.read_regular`.
     """
     try:
-        handle = os.open(name, _READ_FLAGS, dir_fd=folder)
+        return read_regular(name, limit, folder=folder, follow=False)
     except OSError:
         return None
-    try:
-        status = os.fstat(handle)
-        if not stat.S_ISREG(status.st_mode) or status.st_size > limit:
-            return None
-        data = os.read(handle, status.st_size)
-        return data if len(data) == status.st_size else None
-    except OSError:
-        return None
-    finally:
-        os.close(handle)
 
 
 def _write_new(folder: int, data: bytes) -> str:
     """A new file of ``data`` in ``folder``, private to the user; returns its name."""
+    import secrets  # (with random and base64) only to write an entry
+
     name = f".tmp-{secrets.token_hex(8)}"
     handle = os.open(name, _CREATE_FLAGS, 0o600, dir_fd=folder)
     try:
@@ -306,7 +257,7 @@ class Folder:
     def store(self, key: CacheKey, entry: Entry) -> None:
         """Write ``entry`` atomically; a folder that cannot be written only warns."""
         header = json.dumps({"key": key.fields, "libraries": list(entry.libraries),
-                             "fast": _symbols_data(entry.fast), "may_print": entry.may_print,
+                             "fast": symbols_data(entry.fast), "may_print": entry.may_print,
                              "guarded": entry.guarded,
                              "initializers": entry.initializers}).encode()
         self.write(key, ".mkc", _HEADER_SIZE.pack(len(header)) + header + entry.code)
@@ -357,7 +308,8 @@ def _decode(body: memoryview, key: CacheKey) -> Entry | None:
         return None
     code = bytes(body[_HEADER_SIZE.size + header_size:])
     fast = header.get("fast")
-    return Entry(code, libraries, None if fast is None else _symbols(fast), bool(header.get("may_print", True)),
+    return Entry(code, libraries, None if fast is None else symbols_from_data(fast),
+                 bool(header.get("may_print", True)),
                  bool(header.get("guarded")), bool(header.get("initializers")))
 
 
@@ -400,6 +352,8 @@ def _read_secret(path: Path, folder: int) -> bytes | None:
 def _make_secret(path: Path, folder: int) -> bytes | None:
     """A new secret linked into place, or the one another process linked first."""
     try:
+        import secrets
+
         written = _write_new(folder, secrets.token_bytes(_SECRET_SIZE))
         try:
             os.link(written, _SECRET_NAME, src_dir_fd=folder, dst_dir_fd=folder, follow_symlinks=False)

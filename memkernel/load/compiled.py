@@ -1,5 +1,5 @@
 """A compiled kernel loaded into this process: :class:`CompiledFunction`, made by :func:`load_function` from
-an :class:`~memkernel.load.cache.Entry` (a disk cache entry, or what the compile worker made)."""
+an :class:`~memkernel.load.entry.Entry` (a disk cache entry, or what the compile worker made)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from . import guard, tasks
 from ..fastpath.symbols import FastSymbols
-from .cache import Entry
+from .entry import Entry
 from .initializers import Construction
 from .objects import LoadedObject
 

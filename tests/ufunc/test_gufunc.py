@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from memkernel import mlir_kernel
-from memkernel.errors import AllocationError, KernelAssertionError, SignatureError
+from memkernel.errors import AllocationError, ArgumentError, KernelAssertionError, SignatureError
 
 from ..kernels import ADD, CONV, MATMUL, PAIRS, SCALE, TENSOR_ADD, TWO_RESULTS, UNRANKED_RANK
 from ..threads import run_together
@@ -173,6 +173,19 @@ def test_output_overlapping_an_input_computes_as_numpy_does(matmul: np.ufunc) ->
     np.testing.assert_allclose(a, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("where", ["batch", "core"])
+def test_output_partly_overlapping_an_input_computes_as_numpy_does(matmul: np.ufunc, where: str) -> None:
+    buffer, b = floats(6, 4, 4), floats(4, 4)
+    expected, got = buffer.copy(), buffer.copy()
+    if where == "batch":  # out is the input shifted by two batch elements
+        np.matmul(expected[:4], b, out=expected[2:])
+        matmul(got[:4], b, out=got[2:])
+    else:  # out is the input shifted by one row and one column, in every batch element
+        np.matmul(expected[:, :3, :3], b[:3, :3], out=expected[:, 1:, 1:])
+        matmul(got[:, :3, :3], b[:3, :3], out=got[:, 1:, 1:])
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_empty_batch_and_empty_core_dims(matmul: np.ufunc) -> None:
     assert matmul(floats(0, 3, 4), floats(0, 4, 2)).shape == (0, 3, 2)
     np.testing.assert_array_equal(matmul(floats(2, 3, 0), floats(2, 0, 2)), np.zeros((2, 3, 2), np.float32))
@@ -309,6 +322,25 @@ def test_dask_array_in_gives_a_lazy_dask_array_out(matmul: np.ufunc) -> None:
     lazy = matmul(da.from_array(a, chunks=(4, 3, 5)), da.from_array(b, chunks=(4, 5, 2)))
     assert isinstance(lazy, da.Array)
     np.testing.assert_allclose(lazy.compute(), np.matmul(a, b), rtol=1e-5, atol=1e-5)
+
+
+def test_static_core_gufunc_takes_dask_arrays_through_apply_gufunc() -> None:
+    da = pytest.importorskip("dask.array")
+    import memkernel.dask
+
+    gufunc = mlir_kernel(MATMUL_4X4_VECTOR)(lambda a, b: None).gufunc()
+    a, b = floats(12, 4, 4), floats(4, 4)
+    lazy = memkernel.dask.apply_gufunc(gufunc, da.from_array(a, chunks=(5, 4, 4)), b)
+    assert isinstance(lazy, da.Array)
+    np.testing.assert_allclose(lazy.compute(), np.matmul(a, b), rtol=1e-5, atol=1e-5)
+
+
+def test_apply_gufunc_of_a_ufunc_that_is_not_generalized_is_an_argument_error() -> None:
+    pytest.importorskip("dask.array")
+    import memkernel.dask
+
+    with pytest.raises(ArgumentError, match=r"apply_gufunc\(\): expected a generalized numpy ufunc with one loop"):
+        memkernel.dask.apply_gufunc(np.add, floats(3))
 
 
 def test_array_ufunc_override_is_dispatched(matmul: np.ufunc) -> None:
