@@ -20,11 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ArgumentError, ShapeError, ValueRangeError
+from ..errors import ArgumentError, DTypeError, ShapeError, ValueRangeError
 from ..model.contract import BufferContract, Contract, ScalarContract
 from ..model.dtypes import ElementType, describe_dtype, dtype_expression
-from . import descriptors, scalars
+from . import descriptors, dlpack, scalars
 from .allocation import allocation_error
+from .dlpack import NUMPY, Library, library_of, speaks_dlpack
 from .descriptors import contiguous_strides, data_pointer, element_strides, is_array, plain_array
 
 _ADDRESS_MASK = (1 << 64) - 1
@@ -150,9 +151,15 @@ class _BufferBinder(Binder):
                 f"{self._where()}; got a masked array {describe_value(value)}. A kernel does not see masks: "
                 f"pass {self.name}.filled(fill_value) or np.ma.getdata({self.name})."
             )
+        library = NUMPY
         if is_array(value):
             # Every later check and the descriptor read the C fields, never a subclass's properties.
             array = plain_array(value)
+        elif speaks_dlpack(value):
+            # A torch tensor, a JAX array: its memory as an ndarray, checked from here on as numpy's are.
+            library = library_of(value)
+            array = dlpack.imported(value, self._where(), self.name, library)
+            state.keep.append(array)
         elif contract.needs_writeable:
             why = "an output" if contract.is_output else "an argument the kernel may write"
             raise ArgumentError(
@@ -168,18 +175,27 @@ class _BufferBinder(Binder):
                 f"{self.name}.astype({dtype_expression(self.element.dtype)}) to get native byte order."
             )
         if array.dtype not in contract.dtypes:
-            raise ArgumentError(
-                f"{self._where()} ({contract.expectation()}); got {describe_value(array)}. "
-                f"Pass {self.name}.astype({dtype_expression(self.element.dtype)}){self._shape_fix(array)}."
+            raise DTypeError(
+                f"{self._where()} ({contract.expectation()}); got {self._described(array, library)}. "
+                f"Pass {library.astype(self.name, self.element.dtype)}{self._shape_fix(array)}."
             )
         if not array.flags.writeable and contract.needs_writeable:
             where = "as out=" if contract.is_output else "for an argument the kernel may write"
+            if library is not NUMPY:
+                raise ArgumentError(f"{self._where()}; got a read-only {self._described(array, library)} {where}: "
+                                    f"{dlpack.read_only_reason(library)}.")
             raise ArgumentError(
                 f"{self._where()}; got a read-only array {describe_value(array)} {where}. "
                 f"Pass a writable array, e.g. {self.name}.copy()."
             )
         self._check_shape(array)
         return array
+
+    @staticmethod
+    def _described(array: np.ndarray, library: Library) -> str:
+        """``float64[3]``, or ``torch.Tensor float64[3]`` for another library's array."""
+        shown = describe_value(array)
+        return shown if library is NUMPY else f"{library.described} {shown}"
 
     def _shape_fix(self, array: np.ndarray) -> str:
         return ""

@@ -21,8 +21,10 @@ from .. import stdio
 from ..errors import ArgumentError
 from ..fastpath.builtin import FastFunction, entry_builtin
 from ..fastpath.symbols import CallPath
+from ..model.contract import BufferContract
 from ..model.kernel_spec import KernelSpec
 from .allocation import OutputAllocator
+from .dlpack import callers_library, returned_as
 from .plan import CallPlan
 
 Run = Callable[[tuple[Any, ...], tuple[Any, ...]], Any]
@@ -96,6 +98,8 @@ class Invoker:
         # An in-place kernel may name a parameter 'out': then out= is that parameter.
         self._out_is_a_parameter = spec.n_outputs == 0 and any(p.name == "out" for p in spec.parameters)
         self._assemble = _assemble(spec.n_outputs, bool(spec.signature.results))
+        self._array_inputs = tuple(c.index for c in spec.contracts[:spec.n_inputs] if isinstance(c, BufferContract))
+        """The inputs that are memrefs: what decides the type of the arrays a call returns (see _checked)."""
         self._run = wrap(self._fast_then_checked if fast is not None else self._checked)
         self.entry = None
         if fast is not None and fast.entry_address and self._run == self._fast_then_checked:
@@ -157,7 +161,12 @@ class Invoker:
         self._path[0] = CallPath.CHECKED
         assert self.plan is not None
         outputs, results = self.plan.call(args, given)
-        return self._assemble(outputs, results)
+        returned = self._assemble(outputs, results)
+        arrays = [args[i] for i in self._array_inputs] + [g for g in given if g is not None]
+        if all(type(a) is np.ndarray for a in arrays):
+            return returned
+        library = callers_library(arrays)
+        return returned if library is None else returned_as(library, returned)
 
     def _allocated(self, args: tuple[Any, ...], given: tuple[Any, ...]) -> tuple[Any, ...] | None:
         """The outputs for the fast path to try; None when they cannot be allocated from ``args`` as given.
