@@ -183,7 +183,7 @@ class _BufferBinder(Binder):
             where = "as out=" if contract.is_output else "for an argument the kernel may write"
             if library is not NUMPY:
                 raise ArgumentError(f"{self._where()}; got a read-only {self._described(array, library)} {where}: "
-                                    f"{dlpack.read_only_reason(library)}.")
+                                    f"{dlpack.read_only_reason(value, library, self.name)}.")
             raise ArgumentError(
                 f"{self._where()}; got a read-only array {describe_value(array)} {where}. "
                 f"Pass a writable array, e.g. {self.name}.copy()."

@@ -133,28 +133,57 @@ def imported(value: Any, where: str, argument: str, library: Library) -> np.ndar
             f"{where}; got a {library.described} on device {device}:{device_id}. memkernel's kernels run on "
             f"the CPU: pass {library.to_cpu(argument)}."
         )
+    if library.name == "torch":
+        refusal = _torch_refusal(value, argument)
+        if refusal is not None:
+            raise ArgumentError(f"{where}; got a torch.Tensor {refusal}")
     try:
-        return np.from_dlpack(value)
+        array = np.from_dlpack(value)
     except Exception as exc:  # anything a __dlpack__ raises, or what numpy says of what it returned
         error = exc
+    else:
+        if library.name == "torch" and _torch_inference_tensor(value):
+            array.flags.writeable = False  # torch forbids writing it outside inference mode
+        return array
     view = _bfloat16_view(value)
     if view is not None:
         return view
-    refused = type(error) is BufferError
     detail = f"{type(error).__name__}: {error}"
-    if library.name == "torch" and refused and "gradient" in str(error):
-        raise ArgumentError(
-            f"{where}; got a torch.Tensor that requires grad, which torch does not share through DLPack "
-            f"({detail}). A kernel is not differentiated by autograd: pass {argument}.detach()."
-        ) from None
     raise ArgumentError(
         f"{where}; got a {library.described} whose memory memkernel cannot read through DLPack ({detail}). "
         "Pass a numpy array, or an array whose __dlpack__ follows the DLPack protocol."
     ) from None
 
 
-def read_only_reason(library: Library) -> str:
-    """Why an array of ``library`` came through DLPack read-only, and what to pass instead."""
+def _torch_refusal(value: Any, argument: str) -> str | None:
+    """Why a torch tensor cannot be shared as its memory (the end of a message), or None.
+
+    torch's ``__dlpack__`` refuses a tensor that requires grad or has its conjugate bit, but exports one whose
+    negative bit is set (``z.conj().imag``) as the memory, whose values are the negation of the tensor's. Asked of
+    torch's own base class, which no subclass overrides.
+    """
+    base = sys.modules["torch"]._C.TensorBase
+    if base.requires_grad.__get__(value):
+        return (f"that requires grad: a kernel is not differentiated by autograd, so torch does not share it. "
+                f"Pass {argument}.detach().")
+    if base.is_conj(value):
+        return f"with its conjugate bit set, whose memory holds the unconjugated values. Pass {argument}.resolve_conj()."
+    if base.is_neg(value):
+        return f"with its negative bit set, whose memory holds the negated values. Pass {argument}.resolve_neg()."
+    return None
+
+
+def _torch_inference_tensor(value: Any) -> bool:
+    """Whether ``value`` is an inference tensor while inference mode is off: torch forbids writing it then."""
+    torch = sys.modules["torch"]
+    return bool(torch._C.TensorBase.is_inference(value)) and not torch.is_inference_mode_enabled()
+
+
+def read_only_reason(value: Any, library: Library, argument: str) -> str:
+    """Why ``value``, an array of ``library``, came through DLPack read-only, and what to pass instead."""
+    if library.name == "torch" and _torch_inference_tensor(value):
+        return ("it is an inference tensor, which torch forbids writing outside torch.inference_mode(). "
+                f"Pass {argument}.clone(), or call the kernel inside inference mode")
     if library.name == "jax":
         return ("JAX arrays are immutable (their DLPack export is read-only), so a kernel cannot write one. "
                 "Leave it out for a new jax.Array, or pass a numpy array or a torch tensor")
@@ -171,6 +200,8 @@ _capsule_pointer.argtypes, _capsule_pointer.restype = [ctypes.py_object, ctypes.
 
 _BFLOAT = 4
 """``kDLBfloat``, DLPack's code of bfloat16."""
+_READ_ONLY = 1
+"""``DLPACK_FLAG_BITMASK_READ_ONLY``."""
 
 
 class _DLTensor(ctypes.Structure):
@@ -183,22 +214,44 @@ class _DLTensor(ctypes.Structure):
 class _CapsuleMemory:
     """Exposes a DLPack capsule's tensor to numpy while holding the capsule, whose destructor releases it."""
 
-    def __init__(self, capsule: object, tensor: _DLTensor, shape: tuple[int, ...], strides: tuple[int, ...]) -> None:
+    def __init__(self, capsule: object, tensor: _DLTensor, shape: tuple[int, ...], strides: tuple[int, ...],
+                 read_only: bool) -> None:
         self.capsule = capsule
         self.__array_interface__ = {"version": 3, "typestr": "<u2", "shape": shape, "strides": strides,
-                                    "data": ((tensor.data or 0) + tensor.byte_offset, False)}
+                                    "data": ((tensor.data or 0) + tensor.byte_offset, read_only)}
+
+
+def _capsule(value: Any) -> tuple[object, int, bool] | None:
+    """``value``'s DLPack capsule, the address of its DLTensor and whether it is read-only: a versioned
+    capsule's flags say; a legacy one's (a producer without DLPack 1.0) has none, and only JAX's is read-only."""
+    method = type(value).__dlpack__
+    try:
+        capsule = method(value, max_version=(1, 0))
+    except TypeError:
+        capsule = None
+    except Exception:
+        return None
+    if type(capsule).__name__ == "PyCapsule" and _capsule_valid(capsule, b"dltensor_versioned"):
+        managed = _capsule_pointer(capsule, b"dltensor_versioned")
+        flags = ctypes.c_uint64.from_address(managed + 24).value  # after version, manager_ctx, deleter
+        return capsule, managed + 32, bool(flags & _READ_ONLY)
+    try:
+        capsule = method(value)
+    except Exception:
+        return None
+    if type(capsule).__name__ == "PyCapsule" and _capsule_valid(capsule, b"dltensor"):
+        return capsule, _capsule_pointer(capsule, b"dltensor"), _family(value) == "jax"  # DLManagedTensor starts with it
+    return None
 
 
 def _bfloat16_view(value: Any) -> np.ndarray | None:
-    """A bf16 CPU tensor's memory as an ``ml_dtypes.bfloat16`` ndarray, read from its legacy DLPack capsule;
-    None when ``value`` exports anything else (or ml_dtypes is missing), leaving the error to numpy's."""
-    try:
-        capsule = type(value).__dlpack__(value)
-    except Exception:
+    """A bf16 CPU tensor's memory as an ``ml_dtypes.bfloat16`` ndarray, read from its DLPack capsule; None when
+    ``value`` exports anything else (or ml_dtypes is missing), leaving the error to numpy's reader."""
+    exported = _capsule(value)
+    if exported is None:
         return None
-    if type(capsule).__name__ != "PyCapsule" or not _capsule_valid(capsule, b"dltensor"):
-        return None
-    tensor = _DLTensor.from_address(_capsule_pointer(capsule, b"dltensor"))  # DLManagedTensor starts with it
+    capsule, address, read_only = exported
+    tensor = _DLTensor.from_address(address)
     if (tensor.device_type, tensor.code, tensor.bits, tensor.lanes) != (_CPU, _BFLOAT, 16, 1) \
             or not 0 <= tensor.ndim <= 64 or (tensor.ndim and not tensor.shape):
         return None
@@ -213,7 +266,7 @@ def _bfloat16_view(value: Any) -> np.ndarray | None:
     else:
         strides = tuple(2 * int(np.prod(shape[i + 1:], dtype=np.int64)) for i in range(rank))
     try:
-        bits = np.asarray(_CapsuleMemory(capsule, tensor, shape, strides))
+        bits = np.asarray(_CapsuleMemory(capsule, tensor, shape, strides, read_only))
     except ValueError:  # sizes numpy refuses: a capsule that lies
         return None
     return bits.view(dtype)
