@@ -129,6 +129,8 @@ class Invoker:
         if (kwargs or len(args) != self._arity or self._out_is_a_parameter
                 or (out is None and self._allocator.shaped_in_python)):
             return self(args, kwargs, out)
+        if out is None and not all(type(args[i]) is np.ndarray for i in self._array_inputs):
+            return self._run(args, self._no_outputs)  # tensors in: the output is allocated here, then run fast
         return self._checked(args, self._no_outputs if out is None else self._given(out))
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
@@ -154,19 +156,27 @@ class Invoker:
             results = self.fast(args, outputs)
             if results is not None:
                 self._path[0] = CallPath.FAST
-                return self._assemble(outputs, results)
+                return self._as_callers(self._assemble(outputs, results), args, given)
         return self._checked(args, given)
 
     def _checked(self, args: tuple[Any, ...], given: tuple[Any, ...]) -> Any:
         self._path[0] = CallPath.CHECKED
         assert self.plan is not None
         outputs, results = self.plan.call(args, given)
-        returned = self._assemble(outputs, results)
+        return self._as_callers(self._assemble(outputs, results), args, given)
+
+    def _as_callers(self, returned: Any, args: tuple[Any, ...], given: tuple[Any, ...]) -> Any:
+        """What a call returns, its new arrays made the caller's type when every array argument is a torch tensor
+        or every one a JAX array (see :mod:`memkernel.call.dlpack`)."""
         arrays = [args[i] for i in self._array_inputs] + [g for g in given if g is not None]
         if all(type(a) is np.ndarray for a in arrays):
             return returned
         library = callers_library(arrays)
-        return returned if library is None else returned_as(library, returned)
+        if library is None:
+            return returned
+        if library == "torch" and self.fast is not None:
+            self.fast.adopt_torch()  # torch is imported: the compiled code reads tensors from the next call on
+        return returned_as(library, returned)
 
     def _allocated(self, args: tuple[Any, ...], given: tuple[Any, ...]) -> tuple[Any, ...] | None:
         """The outputs for the fast path to try; None when they cannot be allocated from ``args`` as given.

@@ -58,6 +58,9 @@ from ..model.signature import ArgSpec, MemRefSpec, ScalarSpec, UnrankedSpec
 from ..fastpath.abi import LAYOUT, has_c_function
 from ..fastpath.constants import FIRST_DTYPE, Slot
 from ..fastpath.symbols import CallPath, FastSymbols
+from ..fastpath.torch_tensors import (DLPACK_CPU, DLPACK_DLTENSOR_FROM_OBJECT, DLTENSOR_BYTE_OFFSET, DLTENSOR_DEVICE,
+                                      DLTENSOR_DTYPE, DLTENSOR_NDIM, DLTENSOR_SHAPE, DLTENSOR_SIZE, DLTENSOR_STRIDES,
+                                      dlpack_code)
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,11 @@ class _Emitter:
         self.lines.append(f"  {name} = {expression}")
         return name
 
+    def value_name(self) -> str:
+        """A fresh SSA name for a value defined elsewhere (a block argument)."""
+        self.counter += 1
+        return f"%v{self.counter}"
+
     def op(self, expression: str) -> None:
         self.lines.append(f"  {expression}")
 
@@ -193,6 +201,8 @@ class _Generator:
         self.bounds = spec.shapes.bounds
         self.overlaps = spec.overlap_pairs
         self.sizes: dict[int, list[str]] = {}
+        self.tensors: dict[int, str] = {}
+        """Per memref argument: an i1, true when it is a torch tensor (see _tensor_fields), not an ndarray."""
         self.descriptors: dict[int, tuple[str, list[str], list[str]]] = {}
         self.results = results
         self.dtypes: list[np.dtype] = []
@@ -233,11 +243,47 @@ class _Generator:
         return self.e.icmp("eq", actual, self._const_slot(slot), "!llvm.ptr")
 
     def _memref(self, contract: BufferContract) -> list[str]:
+        """Check a memref argument, an exact ndarray or a torch tensor, and return its descriptor's operands."""
         e = self.e
         rank = contract.rank
         assert rank is not None
         obj = self._object(contract)
-        e.check(self._is_type(obj, Slot.ARRAY_TYPE))
+        e.blocks += 1
+        block = e.blocks
+        strided = not contract.needs_contiguous
+        types = ["i1", "!llvm.ptr"] + ["i64"] * (rank * (2 if strided else 1))
+        e.op(f"llvm.cond_br {self._is_type(obj, Slot.ARRAY_TYPE)}, ^array{block}, ^tensor{block}")
+        for label, read, is_tensor in ((f"^array{block}", self._array_fields, 0),
+                                       (f"^tensor{block}", self._tensor_fields, 1)):
+            e.lines.append(f"{label}:")
+            data, sizes, strides = read(obj, contract)
+            values = [e.const(is_tensor, "i1"), data, *sizes, *(strides if strided else [])]
+            e.op(f"llvm.br ^join{block}({', '.join(values)} : {', '.join(types)})")
+        names = [e.value_name() for _ in types]
+        e.lines.append(f"^join{block}({', '.join(f'{n}: {t}' for n, t in zip(names, types))}):")
+        self.tensors[contract.index] = names.pop(0)
+        data, sizes = names[0], names[1:1 + rank]
+        self.sizes[contract.index] = sizes
+        conditions = [e.icmp("eq", sizes[i], e.const(want)) for i, want in contract.static_dims]
+        if contract.needs_contiguous:
+            strides = self._contiguous_strides(sizes)
+            aligned, offset = data, e.const(0)
+        else:
+            strides = self._layout_strides(contract, sizes, names[1 + rank:], conditions)
+            static_offset = contract.layout_offset
+            offset = e.const(static_offset)
+            aligned = e.at(data, -static_offset * contract.element.itemsize) if static_offset else data
+        if conditions:
+            e.check(e.all_of(conditions))
+        self.descriptors[contract.index] = (data, sizes, strides)
+        return [data, aligned, offset, *sizes, *strides]
+
+    def _array_fields(self, obj: str, contract: BufferContract) -> tuple[str, list[str], list[str]]:
+        """An exact ndarray's data pointer, sizes and element strides (the strides only for a strided layout),
+        once its dtype, rank and flags fit ``contract``."""
+        e = self.e
+        rank = contract.rank
+        assert rank is not None
         descr = e.load(obj, "!llvm.ptr", LAYOUT.array_descr)
         dtype_ok = [e.icmp("eq", descr, self._const_slot(self._dtype_slot(d)), "!llvm.ptr")
                     for d in contract.dtypes]
@@ -252,52 +298,137 @@ class _Generator:
         masked = e.value(f"llvm.and {flags}, {e.const(mask, 'i32')} : i32")
         flags_ok = e.icmp("eq", masked, e.const(mask, "i32"), "i32")
         e.check(e.all_of([any_dtype, rank_ok, flags_ok]))
-
         data = e.load(obj, "!llvm.ptr", LAYOUT.array_data)
         dims = e.load(obj, "!llvm.ptr", LAYOUT.array_dims)
         sizes = [e.load(dims, "i64", 8 * i) for i in range(rank)]
-        self.sizes[contract.index] = sizes
-        conditions = [e.icmp("eq", sizes[i], e.const(want)) for i, want in contract.static_dims]
         if contract.needs_contiguous:
-            strides = self._contiguous_strides(sizes)
-            aligned, offset = data, e.const(0)
-        else:
-            strides = self._layout_strides(obj, contract, sizes, conditions)
-            static_offset = contract.layout_offset
-            offset = e.const(static_offset)
-            aligned = e.at(data, -static_offset * contract.element.itemsize) if static_offset else data
-        if conditions:
-            e.check(e.all_of(conditions))
-        self.descriptors[contract.index] = (data, sizes, strides)
-        return [data, aligned, offset, *sizes, *strides]
+            return data, sizes, []
+        itemsize, zero = e.const(contract.element.itemsize), e.const(0)
+        byte_strides = e.load(obj, "!llvm.ptr", LAYOUT.array_strides)
+        strides, whole = [], []
+        for i in range(rank):
+            in_bytes = e.load(byte_strides, "i64", 8 * i)
+            whole.append(e.icmp("eq", e.value(f"llvm.srem {in_bytes}, {itemsize} : i64"), zero))
+            strides.append(e.value(f"llvm.sdiv {in_bytes}, {itemsize} : i64"))
+        if whole:
+            e.check(e.all_of(whole))
+        return data, sizes, strides
 
-    def _contiguous_strides(self, sizes: list[str]) -> list[str]:
+    def _tensor_fields(self, obj: str, contract: BufferContract) -> tuple[str, list[str], list[str]]:
+        """A torch tensor's data pointer, sizes and element strides, read through the DLPack exchange API, once
+        its device, dtype, rank, alignment and (for an identity layout) C-contiguity fit ``contract``: the
+        checks numpy makes of the array ``np.from_dlpack`` gives (see :mod:`memkernel.fastpath.torch_tensors`)."""
         e = self.e
-        one = e.const(1)
-        strides = [one] * len(sizes)
-        for i in range(len(sizes) - 2, -1, -1):
-            at_least_one = e.value(f"llvm.intr.smax({sizes[i + 1]}, {one}) : (i64, i64) -> i64")
-            strides[i] = e.value(f"llvm.mul {strides[i + 1]}, {at_least_one} : i64")
-        return strides
+        rank = contract.rank
+        assert rank is not None
+        e.check(self._is_type(obj, Slot.TORCH_TENSOR))
+        function = e.load(self._const_slot(Slot.TORCH_DLPACK_API), "!llvm.ptr", DLPACK_DLTENSOR_FROM_OBJECT)
+        tensor = e.stack_bytes(DLTENSOR_SIZE, 8)
+        status = e.value(f"llvm.call {function}({obj}, {tensor}) : !llvm.ptr, (!llvm.ptr, !llvm.ptr) -> i32")
+        self._check_status(e.icmp("eq", status, e.const(0, "i32"), "i32"))
+        device = e.load(tensor, "i32", DLTENSOR_DEVICE)
+        ndim = e.load(tensor, "i32", DLTENSOR_NDIM)
+        code = e.load(tensor, "i32", DLTENSOR_DTYPE)
+        codes = sorted({dlpack_code(d) for d in contract.dtypes} - {None})
+        dtype_ok = [e.icmp("eq", code, e.const(c, "i32"), "i32") for c in codes] or [e.const(0, "i1")]
+        any_dtype = dtype_ok[0]
+        for ok in dtype_ok[1:]:
+            any_dtype = e.value(f"llvm.or {any_dtype}, {ok} : i1")
+        e.check(e.all_of([e.icmp("eq", device, e.const(DLPACK_CPU, "i32"), "i32"),
+                          e.icmp("eq", ndim, e.const(rank, "i32"), "i32"), any_dtype]))
+        start, byte_offset = e.load(tensor, "!llvm.ptr"), e.load(tensor, "i64", DLTENSOR_BYTE_OFFSET)
+        data = e.value(f"llvm.getelementptr {start}[{byte_offset}] : (!llvm.ptr, i64) -> !llvm.ptr, i8")
+        alignment = contract.element.dtype.alignment
+        address = e.value(f"llvm.ptrtoint {data} : !llvm.ptr to i64")
+        misplaced = e.value(f"llvm.and {address}, {e.const(alignment - 1)} : i64")
+        conditions = [e.icmp("eq", misplaced, e.const(0))]
+        if not rank:
+            e.check(conditions[0])
+            return data, [], []
+        null = e.value("llvm.mlir.zero : !llvm.ptr")
+        shape = e.load(tensor, "!llvm.ptr", DLTENSOR_SHAPE)
+        strides_at = e.load(tensor, "!llvm.ptr", DLTENSOR_STRIDES)
+        e.check(e.all_of([e.icmp("ne", shape, null, "!llvm.ptr"), e.icmp("ne", strides_at, null, "!llvm.ptr")]))
+        sizes = [e.load(shape, "i64", 8 * i) for i in range(rank)]
+        strides = [e.load(strides_at, "i64", 8 * i) for i in range(rank)]
+        if contract.needs_contiguous:
+            conditions.append(self._c_contiguous(sizes, strides))
+        e.check(e.all_of(conditions))
+        return data, sizes, strides
 
-    def _layout_strides(self, obj: str, contract: BufferContract, sizes: list[str],
+    def _c_contiguous(self, sizes: list[str], strides: list[str]) -> str:
+        """numpy's C-contiguity of element ``strides``: each dim longer than 1 steps over all the later ones,
+        or the array is empty. A product of sizes that wraps (an expanded view of 2**80 elements) is not."""
+        e = self.e
+        zero, one = e.const(0), e.const(1)
+        expected = one
+        fits, overflows, empty = [], [], []
+        for size, stride in zip(reversed(sizes), reversed(strides)):
+            fits.append(e.value(f"llvm.or {e.icmp('sle', size, one)}, {e.icmp('eq', stride, expected)} : i1"))
+            empty.append(e.icmp("eq", size, zero))
+            expected = e.exact("mul", expected, size, overflows)
+        contiguous = e.value(f"llvm.and {e.all_of(fits)}, {e.none_of(overflows)} : i1")
+        is_empty = e.value(f"llvm.xor {e.none_of(empty)}, {e.const(1, 'i1')} : i1")
+        return e.value(f"llvm.or {contiguous}, {is_empty} : i1")
+
+    def _check_status(self, ok: str) -> None:
+        """Continue if ``ok``; else clear the Python error a C API call set and decline."""
+        e = self.e
+        e.blocks += 1
+        e.op(f"llvm.cond_br {ok}, ^ok{e.blocks}, ^clear{e.blocks}")
+        e.lines.append(f"^clear{e.blocks}:")
+        e.op(f"llvm.call {self._const_slot(Slot.CLEAR_ERROR)}() : !llvm.ptr, () -> ()")
+        e.op("llvm.br ^fallback")
+        e.lines.append(f"^ok{e.blocks}:")
+
+    def _tensor_flags(self, contract: BufferContract) -> None:
+        """Decline a torch tensor argument that requires grad, has its negative or conjugate bit set or, when the
+        kernel writes it, is an inference tensor: what its DLTensor does not say, and the checked path refuses.
+
+        Asking may run Python code (a ``__torch_function__`` mode), so every argument is asked this before any
+        argument's memory is read.
+        """
+        e = self.e
+        obj = self._object(contract)
+        e.blocks += 1
+        block = e.blocks
+        e.op(f"llvm.cond_br {self._is_type(obj, Slot.TORCH_TENSOR)}, ^flags{block}, ^flagged{block}")
+        e.lines.append(f"^flags{block}:")
+        true = self._const_slot(Slot.TRUE)
+        answer = e.value(f"llvm.call {self._const_slot(Slot.GET_ATTR)}({obj}, {self._const_slot(Slot.REQUIRES_GRAD)}) "
+                         ": !llvm.ptr, (!llvm.ptr, !llvm.ptr) -> !llvm.ptr")
+        answers = [answer]
+        arguments = e.stack_bytes(8, 8)
+        e.op(f"llvm.store {obj}, {arguments} : !llvm.ptr, !llvm.ptr")
+        null = e.value("llvm.mlir.zero : !llvm.ptr")
+        methods = [Slot.IS_NEG, Slot.IS_CONJ] + ([Slot.IS_INFERENCE] if contract.needs_writeable else [])
+        for method in methods:
+            self._check_status(e.icmp("ne", answers[-1], null, "!llvm.ptr"))
+            answers.append(e.value(
+                f"llvm.call {self._const_slot(Slot.CALL_METHOD)}({self._const_slot(method)}, {arguments}, {e.const(1)}, "
+                f"{null}) : !llvm.ptr, (!llvm.ptr, !llvm.ptr, i64, !llvm.ptr) -> !llvm.ptr"))
+        self._check_status(e.icmp("ne", answers[-1], null, "!llvm.ptr"))
+        unset = []
+        for answer in answers:
+            unset.append(e.icmp("ne", answer, true, "!llvm.ptr"))
+            e.op(f"llvm.call {self._const_slot(Slot.DECREF)}({answer}) : !llvm.ptr, (!llvm.ptr) -> ()")
+        e.check(e.all_of(unset))
+        e.op(f"llvm.br ^flagged{block}")
+        e.lines.append(f"^flagged{block}:")
+
+    def _layout_strides(self, contract: BufferContract, sizes: list[str], actual: list[str],
                         conditions: list[str]) -> list[str]:
-        """The compiled form of :meth:`BufferContract.descriptor_strides`; its failures join ``conditions``.
+        """The compiled form of :meth:`BufferContract.descriptor_strides` on the ``actual`` element strides; its
+        failures join ``conditions``.
 
         An empty array is declined: the checked path gives it the layout's strides.
         """
         e = self.e
         assert contract.layout_strides is not None
-        itemsize = e.const(contract.element.itemsize)
         zero, one = e.const(0), e.const(1)
         conditions += [e.icmp("ne", size, zero) for size in sizes]
-        byte_strides = e.load(obj, "!llvm.ptr", LAYOUT.array_strides)
         strides = []
-        for i, (want, size) in enumerate(zip(contract.layout_strides, sizes)):
-            in_bytes = e.load(byte_strides, "i64", 8 * i)
-            remainder = e.value(f"llvm.srem {in_bytes}, {itemsize} : i64")
-            conditions.append(e.icmp("eq", remainder, zero))
-            stride = e.value(f"llvm.sdiv {in_bytes}, {itemsize} : i64")
+        for want, size, stride in zip(contract.layout_strides, sizes, actual):
             if want is None:
                 strides.append(stride)
                 continue
@@ -306,6 +437,15 @@ class _Generator:
             trivial = e.icmp("sle", size, one)
             conditions.append(e.value(f"llvm.or {matches}, {trivial} : i1"))
             strides.append(expected)
+        return strides
+
+    def _contiguous_strides(self, sizes: list[str]) -> list[str]:
+        e = self.e
+        one = e.const(1)
+        strides = [one] * len(sizes)
+        for i in range(len(sizes) - 2, -1, -1):
+            at_least_one = e.value(f"llvm.intr.smax({sizes[i + 1]}, {one}) : (i64, i64) -> i64")
+            strides[i] = e.value(f"llvm.mul {strides[i + 1]}, {at_least_one} : i64")
         return strides
 
     def _scalar(self, contract: ScalarContract) -> list[str]:
@@ -430,6 +570,9 @@ class _Generator:
         types: list[str] = []
         for contract in contracts:
             if isinstance(contract, BufferContract):
+                self._tensor_flags(contract)
+        for contract in contracts:
+            if isinstance(contract, BufferContract):
                 operands += self._memref(contract)
             else:
                 operands += self._scalar(contract)
@@ -548,7 +691,7 @@ class _EntryGenerator:
     def __init__(self, raw: _Generator) -> None:
         self.g = raw
         raw.e = self.e = _Emitter()
-        raw.sizes, raw.descriptors = {}, {}
+        raw.sizes, raw.descriptors, raw.tensors = {}, {}, {}
         self.n_inputs = raw.n_inputs
         self.output = raw.contracts[raw.n_inputs] if len(raw.contracts) > raw.n_inputs else None
 
@@ -599,6 +742,8 @@ class _EntryGenerator:
         output = self.output
         assert isinstance(output, BufferContract)
         operands, types = g._operands(g.contracts[:self.n_inputs])
+        if g.tensors:  # numpy's PyArray_Zeros makes an ndarray: a call on tensors allocates in Python
+            e.check(e.none_of(list(g.tensors.values())))
         sizes = [e.const(s) if isinstance(s, int) else g.sizes[s.arg][s.dim] for s in sources]
         g.sizes[output.index] = sizes
         if output.static_dims:
@@ -649,7 +794,7 @@ class _EntryGenerator:
             e.lines.append("^given:")
             self._run_given(g.contracts)
             e.lines.append("^allocate:")
-            g.sizes, g.descriptors = {}, {}
+            g.sizes, g.descriptors, g.tensors = {}, {}, {}
             sources = g.sources[0] if g.sources else None
             if self._allocatable(sources):
                 self._run_allocating(sources)  # type: ignore[arg-type]
