@@ -329,7 +329,7 @@ class _Generator:
         device = e.load(tensor, "i32", DLTENSOR_DEVICE)
         ndim = e.load(tensor, "i32", DLTENSOR_NDIM)
         code = e.load(tensor, "i32", DLTENSOR_DTYPE)
-        codes = sorted({dlpack_code(d) for d in contract.dtypes} - {None})
+        codes = sorted(c for c in {dlpack_code(d) for d in contract.dtypes} if c is not None)
         dtype_ok = [e.icmp("eq", code, e.const(c, "i32"), "i32") for c in codes] or [e.const(0, "i1")]
         any_dtype = dtype_ok[0]
         for ok in dtype_ok[1:]:
@@ -362,7 +362,9 @@ class _Generator:
         e = self.e
         zero, one = e.const(0), e.const(1)
         expected = one
-        fits, overflows, empty = [], [], []
+        fits: list[str] = []
+        overflows: list[str] = []
+        empty: list[str] = []
         for size, stride in zip(reversed(sizes), reversed(strides)):
             fits.append(e.value(f"llvm.or {e.icmp('sle', size, one)}, {e.icmp('eq', stride, expected)} : i1"))
             empty.append(e.icmp("eq", size, zero))
