@@ -384,8 +384,9 @@ class _Generator:
         e.lines.append(f"^ok{e.blocks}:")
 
     def _tensor_flags(self, contract: BufferContract) -> None:
-        """Decline a torch tensor argument that requires grad, has its negative or conjugate bit set or, when the
-        kernel writes it, is an inference tensor: what its DLTensor does not say, and the checked path refuses.
+        """Decline a torch tensor argument that requires grad, has its negative or (a complex one) its conjugate bit
+        set or, when the kernel writes it, is an inference tensor: what its DLTensor does not say, and the checked
+        path refuses.
 
         Asking may run Python code (a ``__torch_function__`` mode), so every argument is asked this before any
         argument's memory is read.
@@ -403,7 +404,9 @@ class _Generator:
         arguments = e.stack_bytes(8, 8)
         e.op(f"llvm.store {obj}, {arguments} : !llvm.ptr, !llvm.ptr")
         null = e.value("llvm.mlir.zero : !llvm.ptr")
-        methods = [Slot.IS_NEG, Slot.IS_CONJ] + ([Slot.IS_INFERENCE] if contract.needs_writeable else [])
+        methods = [Slot.IS_NEG]
+        methods += [Slot.IS_CONJ] if any(d.kind == "c" for d in contract.dtypes) else []  # torch sets it on no other
+        methods += [Slot.IS_INFERENCE] if contract.needs_writeable else []
         for method in methods:
             self._check_status(e.icmp("ne", answers[-1], null, "!llvm.ptr"))
             answers.append(e.value(
