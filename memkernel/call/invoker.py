@@ -109,7 +109,9 @@ class Invoker:
     def running(cls, spec: KernelSpec, allocator: OutputAllocator, run: Run) -> Invoker:
         """An invoker whose calls, bound and with their outputs given, go to ``run`` (an isolated call): it has
         neither a checked plan nor a fast path of its own."""
-        return cls(spec, None, None, allocator, lambda _: run)
+        invoker = cls(spec, None, None, allocator, lambda _: run)
+        invoker._run = lambda args, given: invoker._as_callers(run(args, given), args, given)
+        return invoker
 
     @property
     def last_path(self) -> Literal["fast", "checked"] | None:

@@ -188,3 +188,10 @@ def test_temporaries_passed_to_a_call_live_until_it_returns(add):
     for n in range(1, 50):
         assert torch.equal(add(torch.arange(n, dtype=torch.float32), torch.ones(n)),
                            torch.arange(n, dtype=torch.float32) + 1)
+
+
+def test_an_isolated_call_on_tensors_returns_a_tensor(add):
+    isolated = mlir_kernel(ADD, isolate=True)(lambda a, b: None)
+    a, b = torch.arange(4, dtype=torch.float32), torch.ones(4)
+    got = isolated(a, b)
+    assert type(got) is torch.Tensor and torch.equal(got, a + b)
