@@ -14,7 +14,7 @@ view passed twice stays one buffer.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,8 +101,9 @@ class Binder:
         """``struct`` format of the values :meth:`pack` returns."""
         raise NotImplementedError
 
-    def check(self, value: Any, state: CallState) -> Any:
-        """``value`` converted once and checked; raise the error that explains it if wrong."""
+    def check(self, value: Any, state: CallState, imported: tuple[np.ndarray, Library] | None = None) -> Any:
+        """``value`` converted once and checked; raise the error that explains it if wrong. ``imported``:
+        ``value``, an array of another library, as :func:`import_arrays` read it."""
         raise NotImplementedError
 
     def pack(self, checked: Any, state: CallState) -> tuple[Any, ...]:
@@ -120,7 +121,8 @@ class ScalarBinder(Binder):
     def struct_format(self) -> str:
         return self.contract.element.struct_format
 
-    def check(self, value: Any, state: CallState) -> tuple[Any, ...]:
+    def check(self, value: Any, state: CallState, imported: tuple[np.ndarray, Library] | None = None
+              ) -> tuple[Any, ...]:
         try:
             return scalars.encode(value, self.contract.element)
         except scalars.ScalarValueError as exc:
@@ -144,7 +146,7 @@ class _BufferBinder(Binder):
     def _where(self) -> str:
         return self.contract.where()
 
-    def check(self, value: Any, state: CallState) -> np.ndarray:
+    def check(self, value: Any, state: CallState, imported: tuple[np.ndarray, Library] | None = None) -> np.ndarray:
         contract = self.contract
         if isinstance(value, np.ma.MaskedArray):
             raise ArgumentError(
@@ -157,9 +159,7 @@ class _BufferBinder(Binder):
             array = plain_array(value)
         elif speaks_dlpack(value):
             # A torch tensor, a JAX array: its memory as an ndarray, checked from here on as numpy's are.
-            library = library_of(value)
-            array = dlpack.imported(value, self._where(), self.name, library)
-            state.keep.append(array)
+            array, library = imported or self.imported(value, state)
         elif contract.needs_writeable:
             why = "an output" if contract.is_output else "an argument the kernel may write"
             raise ArgumentError(
@@ -190,6 +190,20 @@ class _BufferBinder(Binder):
             )
         self._check_shape(array)
         return array
+
+    def asked(self, value: Any) -> tuple[Library, bool]:
+        """Ask ``value``, an array of another library, what must be known before its memory is read (see
+        :func:`memkernel.call.dlpack.ask`): its library, and whether it is read only."""
+        library = library_of(value)
+        return library, dlpack.ask(value, self._where(), self.name, library)
+
+    def imported(self, value: Any, state: CallState, asked: tuple[Library, bool] | None = None
+                 ) -> tuple[np.ndarray, Library]:
+        """``value``, an array of another library, as an ndarray of its memory that the call keeps alive."""
+        library, read_only = asked or self.asked(value)
+        array = dlpack.imported(value, self._where(), self.name, library, read_only)
+        state.keep.append(array)
+        return array, library
 
     @staticmethod
     def _described(array: np.ndarray, library: Library) -> str:
@@ -351,6 +365,24 @@ class UnrankedBinder(_BufferBinder):
         ranked.pack_into(buffer, 0, *fields)
         state.keep.append(buffer)
         return (array.ndim, ctypes.addressof(buffer))
+
+
+def import_arrays(binders: Sequence[Binder], values: Sequence[Any], state: CallState
+                  ) -> dict[int, tuple[np.ndarray, Library]]:
+    """The arrays of other libraries among ``values`` (``binders``' arguments; None for an output to allocate),
+    by position, each read as an ndarray of its memory.
+
+    Everything that may run Python code, which could resize or free an argument's memory, comes before any
+    torch tensor is read: each argument's device and torch flags are asked first, then other libraries' arrays
+    are read (their ``__dlpack__`` is Python code), torch tensors last, through torch's C export. numpy arrays
+    cannot be resized while the call holds them.
+    """
+    asked = []
+    for i, (binder, value) in enumerate(zip(binders, values)):
+        if isinstance(binder, _BufferBinder) and speaks_dlpack(value):
+            asked.append((i, binder, value, binder.asked(value)))
+    asked.sort(key=lambda entry: entry[3][0].name == "torch")
+    return {i: binder.imported(value, state, answers) for i, binder, value, answers in asked}
 
 
 def binder_for(contract: Contract) -> Binder:

@@ -116,15 +116,16 @@ def _device(value: Any, where: str, library: Library) -> tuple[int, int]:
         ) from None
 
 
-def imported(value: Any, where: str, argument: str, library: Library) -> np.ndarray:
-    """``value``'s memory as an ndarray, zero-copy, through DLPack (read-only where the library exports it so).
+def ask(value: Any, where: str, argument: str, library: Library) -> bool:
+    """What must be asked of ``value`` before its memory is read: its device (ArgumentError naming it when it is
+    not the CPU) and, for a torch tensor, what DLPack does not say (ArgumentError for one that requires grad or
+    has its negative or conjugate bit set). Returns whether the memory must be read-only: an inference tensor
+    outside inference mode, which torch forbids writing.
 
     ``where`` starts each message (the kernel and the argument, see
-    :meth:`~memkernel.model.contract.BufferContract.where`); ``argument`` names it
-    in the fix. Raises ArgumentError naming the device for memory off the CPU,
-    and saying why for an export the library refuses (a torch tensor that
-    requires grad) or a ``__dlpack__`` that fails or returns what is not a DLPack
-    capsule.
+    :meth:`~memkernel.model.contract.BufferContract.where`); ``argument`` names it in the fix. Asking may run
+    Python code (a ``__dlpack_device__``, a torch ``__torch_function__`` mode), so a call asks every argument
+    before it reads any (see :func:`memkernel.call.binders.import_arrays`).
     """
     device_type, device_id = _device(value, where, library)
     if device_type != _CPU:
@@ -133,20 +134,56 @@ def imported(value: Any, where: str, argument: str, library: Library) -> np.ndar
             f"{where}; got a {library.described} on device {device}:{device_id}. memkernel's kernels run on "
             f"the CPU: pass {library.to_cpu(argument)}."
         )
-    if library.name == "torch":
-        refusal = _torch_refusal(value, argument)
-        if refusal is not None:
-            raise ArgumentError(f"{where}; got a torch.Tensor {refusal}")
+    if library.name != "torch":
+        return False
+    refusal = _torch_refusal(value, argument)
+    if refusal is not None:
+        raise ArgumentError(f"{where}; got a torch.Tensor {refusal}")
+    return _torch_inference_tensor(value)
+
+
+class _Exported:
+    """A DLPack capsule already made, for ``np.from_dlpack`` to read."""
+
+    def __init__(self, capsule: object) -> None:
+        self.capsule = capsule
+
+    def __dlpack__(self, **kwargs: Any) -> object:
+        return self.capsule
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (_CPU, 0)
+
+
+def _torch_export(value: Any) -> Any:
+    """What ``np.from_dlpack`` reads a torch tensor from: torch's C export of it, which runs no Python code
+    (``Tensor.__dlpack__`` consults ``__torch_function__`` modes); the tensor itself where torch has none."""
+    export = getattr(sys.modules["torch"]._C, "_to_dlpack_versioned", None)
+    return value if export is None else _Exported(export(value))
+
+
+def imported(value: Any, where: str, argument: str, library: Library, read_only: bool = False) -> np.ndarray:
+    """``value``'s memory as an ndarray, zero-copy, through DLPack: read-only where the library exports it so,
+    or ``read_only`` (what :func:`ask`, which must come first, said).
+
+    Raises ArgumentError saying why for a ``__dlpack__`` that fails or returns what is not a DLPack capsule of
+    CPU memory.
+    """
+    exporter = value
     try:
-        array = np.from_dlpack(value)
+        if library.name == "torch":
+            exporter = _torch_export(value)
+        array = np.from_dlpack(exporter)
     except Exception as exc:  # anything a __dlpack__ raises, or what numpy says of what it returned
         error = exc
     else:
-        if library.name == "torch" and _torch_inference_tensor(value):
-            array.flags.writeable = False  # torch forbids writing it outside inference mode
+        if read_only:
+            array.flags.writeable = False
         return array
-    view = _bfloat16_view(value)
+    view = _bfloat16_view(exporter)
     if view is not None:
+        if read_only:
+            view.flags.writeable = False
         return view
     detail = f"{type(error).__name__}: {error}"
     raise ArgumentError(

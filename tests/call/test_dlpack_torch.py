@@ -11,6 +11,7 @@ import pytest
 from memkernel import ArgumentError, DTypeError, mlir_kernel
 
 from ..kernels import elementwise
+from ..processes import run_python
 
 torch = pytest.importorskip(
     "torch", reason="torch is not installed: memkernel[test] installs it on Python 3.11 only (its CPU build)")
@@ -120,13 +121,42 @@ def test_a_subclass_that_lies_about_requires_grad_is_refused_all_the_same(add):
         add(torch.ones(3), torch.ones(3), out=out)
 
 
-def test_a_subclass_whose_dlpack_returns_garbage_is_an_argument_error(add):
+def test_a_subclass_whose_dlpack_lies_is_read_as_the_tensor_it_is(add):
+    """torch's own C export reads a tensor, never the ``__dlpack__`` a subclass overrides."""
     class Garbage(torch.Tensor):
         def __dlpack__(self, **kwargs):
             return object()
 
-    with pytest.raises(ArgumentError, match="cannot read through DLPack"):
-        add(torch.ones(3).as_subclass(Garbage), torch.ones(3))
+    a = torch.arange(3, dtype=torch.float32).as_subclass(Garbage)
+    assert torch.equal(add(a, torch.ones(3)).as_subclass(torch.Tensor), torch.arange(3, dtype=torch.float32) + 1)
+
+
+@pytest.mark.parametrize("fast_path", ["1", "0"])
+def test_a_torch_function_mode_that_resizes_an_argument_while_asked_cannot_free_what_a_call_reads(fast_path):
+    """Asking a tensor its flags may run a mode's Python code: every argument is asked before any is read. In a
+    subprocess: reading freed memory may crash."""
+    shown = run_python(f"""
+        import torch
+        from memkernel import mlir_kernel
+
+        add = mlir_kernel({ADD!r})(lambda a, b: None)
+        add(torch.ones(1), torch.ones(1))
+        base, b, out = torch.ones(4), torch.ones(4), torch.zeros(4)
+        a = base[:4]  # shares base's storage
+        asked = []
+
+        class Resizing(torch.overrides.TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                if getattr(func, "__name__", "") == "is_neg":  # asked of each argument in turn
+                    asked.append(func)
+                    base.resize_(len(asked) << 20).fill_(len(asked))  # a new buffer each time, the old one freed
+                return func(*args, **(kwargs or {{}}))
+
+        with Resizing():
+            add(a, b, out=out)
+        print(len(asked) >= 2, torch.equal(out, a + b), out.tolist() == [len(asked) + 1.0] * 4)
+    """, MEMKERNEL_FAST_PATH=fast_path)
+    assert shown.split() == ["True", "True", "True"]
 
 
 def test_a_tensor_with_its_negative_bit_set_is_refused_rather_than_read_negated(add):
