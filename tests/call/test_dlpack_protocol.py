@@ -42,20 +42,12 @@ LYING = f"{Shared.__module__}.Lying"
 
 @pytest.fixture(scope="module")
 def add():
-    @mlir_kernel(ADD)
-    def k(a, b):
-        return None
-
-    return k
+    return mlir_kernel(ADD)(lambda a, b: None)
 
 
 @pytest.fixture(scope="module")
 def strided_add():
-    @mlir_kernel(STRIDED_ADD)
-    def k(a, b):
-        return None
-
-    return k
+    return mlir_kernel(STRIDED_ADD)(lambda a, b: None)
 
 
 def test_a_dlpack_array_is_read_in_place_and_the_result_is_numpy(add):

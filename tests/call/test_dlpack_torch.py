@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import re
-import threading
 
 import numpy as np
 import pytest
@@ -24,14 +24,14 @@ SAME = """func.func @same(%a: memref<?xf32>) -> memref<?xf32> {
 }"""
 
 
-@pytest.fixture(scope="module")
-def add():
-    return mlir_kernel(ADD)(lambda a, b: None)
+@pytest.fixture(scope="module", params=[ADD], ids=["1-d"])
+def add(request):
+    return mlir_kernel(request.param)(lambda a, b: None)
 
 
-@pytest.fixture(scope="module")
-def add2d():
-    return mlir_kernel(ADD_2D)(lambda a, b: None)
+@pytest.fixture(scope="module", params=[ADD_2D], ids=["2-d"])
+def add2d(request):
+    return mlir_kernel(request.param)(lambda a, b: None)
 
 
 def test_a_call_on_tensors_returns_a_tensor_equal_to_torch_add(add):
@@ -197,21 +197,13 @@ def test_bf16_tensors_compute_as_torch_does():
 
 
 def test_calls_from_threads_on_their_own_tensors_match_torch(add):
-    failures = []
-
-    def work(seed: int) -> None:
+    def agree(seed: int) -> bool:
         generator = torch.Generator().manual_seed(seed)
-        for _ in range(200):
-            a, b = torch.rand(64, generator=generator), torch.rand(64, generator=generator)
-            if not torch.equal(add(a, b), a + b):
-                failures.append(seed)
+        pairs = [(torch.rand(64, generator=generator), torch.rand(64, generator=generator)) for _ in range(200)]
+        return all(torch.equal(add(a, b), a + b) for a, b in pairs)
 
-    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert failures == []
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(agree, range(4)))
 
 
 def test_temporaries_passed_to_a_call_live_until_it_returns(add):
