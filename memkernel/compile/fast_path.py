@@ -58,9 +58,10 @@ from ..model.signature import ArgSpec, MemRefSpec, ScalarSpec, UnrankedSpec
 from ..fastpath.abi import LAYOUT, has_c_function
 from ..fastpath.constants import FIRST_DTYPE, Slot
 from ..fastpath.symbols import CallPath, FastSymbols
-from ..fastpath.torch_tensors import (DLPACK_CPU, DLPACK_DLTENSOR_FROM_OBJECT, DLTENSOR_BYTE_OFFSET, DLTENSOR_DEVICE,
-                                      DLTENSOR_DTYPE, DLTENSOR_NDIM, DLTENSOR_SHAPE, DLTENSOR_SIZE, DLTENSOR_STRIDES,
-                                      dlpack_code)
+from ..fastpath.torch_tensors import (DLPACK_ALLOCATOR, DLPACK_CPU, DLPACK_DLTENSOR_FROM_OBJECT, DLPACK_TO_OBJECT,
+                                      DLTENSOR_BYTE_OFFSET, DLTENSOR_DEVICE, DLTENSOR_DTYPE, DLTENSOR_NDIM,
+                                      DLTENSOR_SHAPE, DLTENSOR_SIZE, DLTENSOR_STRIDES, MANAGED_DELETER,
+                                      MANAGED_DLTENSOR, dlpack_code)
 
 
 @dataclass(frozen=True)
@@ -211,6 +212,9 @@ class _Generator:
         self.consts = f"__memkernel_consts_{spec.name}"
         self.function = f"__memkernel_fast_{spec.name}"
         self.failed = f"__memkernel_failed_{spec.name}"
+        self.ignore_error = f"__memkernel_ignore_error_{spec.name}"
+        """``SetError(context, kind, message)`` of torch's allocator: the call declines, and the Python path
+        allocates again, raising what fails."""
         self.kernel_types: tuple[str, ...] = ()
         self.kernel_result: str | None = None
 
@@ -651,6 +655,8 @@ class _Generator:
         if entry is not None:
             functions.append(_EntryGenerator(self).generate(entry))
         functions.append(self._failed_function())
+        functions.append(f"llvm.func @{self.ignore_error}(%context: !llvm.ptr, %kind: !llvm.ptr, %message: !llvm.ptr) "
+                         "{\n  llvm.return\n}")
         size = FIRST_DTYPE + len(self.dtypes)
         text = f"""
 llvm.mlir.global external @{self.consts}(dense<0> : tensor<{size}xi64>) : !llvm.array<{size} x i64>
@@ -742,13 +748,15 @@ class _EntryGenerator:
 
     def _run_allocating(self, sources: Sequence[Dim | int]) -> None:
         """Check the inputs, allocate the output zero-filled from the dims its ties give, run the kernel and
-        return the output; decline (before allocating) whatever the checks refuse."""
+        return the output; decline (before allocating) whatever the checks refuse.
+
+        When every memref input is a torch tensor the output is a torch tensor, allocated by torch (see
+        :meth:`_torch_zeros`); else an ndarray (``PyArray_Zeros``).
+        """
         g, e = self.g, self.e
         output = self.output
         assert isinstance(output, BufferContract)
         operands, types = g._operands(g.contracts[:self.n_inputs])
-        if g.tensors:  # numpy's PyArray_Zeros makes an ndarray: a call on tensors allocates in Python
-            e.check(e.none_of(list(g.tensors.values())))
         sizes = [e.const(s) if isinstance(s, int) else g.sizes[s.arg][s.dim] for s in sources]
         g.sizes[output.index] = sizes
         if output.static_dims:
@@ -759,21 +767,90 @@ class _EntryGenerator:
         dims = e.value(f"llvm.alloca {e.const(max(rank, 1))} x i64 : (i64) -> !llvm.ptr")
         for i, size in enumerate(sizes):
             e.op(f"llvm.store {size}, {e.at(dims, 8 * i) if i else dims} : i64, !llvm.ptr")
+        tensors = list(g.tensors.values())
+        code = dlpack_code(output.element.dtype)
+        if tensors:
+            e.op(f"llvm.cond_br {e.all_of(tensors)}, ^torch_zeros, ^numpy_zeros")
+            e.lines.append("^torch_zeros:")
+            if code is None:  # a dtype torch has none for: the Python path says so
+                e.op("llvm.br ^fallback")
+            else:
+                tensor, data = self._torch_zeros(dims, rank, code, sizes, output.element.itemsize)
+                e.op(f"llvm.br ^allocated({tensor}, {data} : !llvm.ptr, !llvm.ptr)")
+            e.lines.append("^numpy_zeros:")
         descr = g._const_slot(g._dtype_slot(output.element.dtype))
         self._call_c(Slot.INCREF, [(descr, "!llvm.ptr")])  # PyArray_Zeros steals a reference to it
         array = self._call_c(Slot.ZEROS, [(e.const(rank, "i32"), "i32"), (dims, "!llvm.ptr"),
                                           (descr, "!llvm.ptr"), (e.const(0, "i32"), "i32")], "!llvm.ptr")
         assert array is not None
         null = e.value("llvm.mlir.zero : !llvm.ptr")
-        e.op(f"llvm.cond_br {e.icmp('eq', array, null, '!llvm.ptr')}, ^allocation_failed, ^allocated")
+        e.op(f"llvm.cond_br {e.icmp('eq', array, null, '!llvm.ptr')}, ^allocation_failed, ^numpy_allocated")
         e.lines.append("^allocation_failed:")
         self._call_c(Slot.CLEAR_ERROR, [])
         e.op("llvm.br ^fallback")
-        e.lines.append("^allocated:")
-        data = e.load(array, "!llvm.ptr", LAYOUT.array_data)
+        e.lines.append("^numpy_allocated:")
+        e.op(f"llvm.br ^allocated({array}, {e.load(array, '!llvm.ptr', LAYOUT.array_data)} : !llvm.ptr, !llvm.ptr)")
+        made, data = e.value_name(), e.value_name()
+        e.lines.append(f"^allocated({made}: !llvm.ptr, {data}: !llvm.ptr):")
         operands += [data, data, e.const(0), *sizes, *g._contiguous_strides(sizes)]
-        g._call_kernel(operands, types + lowered_argument_types(output.spec), owned=array)
-        self._ran(array, new_reference=True)
+        g._call_kernel(operands, types + lowered_argument_types(output.spec), owned=made)
+        self._ran(made, new_reference=True)
+
+    def _torch_zeros(self, dims: str, rank: int, code: int, sizes: list[str], itemsize: int) -> tuple[str, str]:
+        """A new torch tensor of ``sizes`` (stored at ``dims``) and DLPack dtype ``code``, zero-filled, and its
+        data pointer: allocated by torch's exchange API (``managed_tensor_allocator``), checked C-contiguous and
+        made a Python tensor (``managed_tensor_to_py_object_no_sync``). Declines when torch cannot allocate it."""
+        g, e = self.g, self.e
+        api = g._const_slot(Slot.TORCH_DLPACK_API)
+        null = e.value("llvm.mlir.zero : !llvm.ptr")
+        prototype = e.stack_bytes(DLTENSOR_SIZE, 8)
+        e.op(f"llvm.store {null}, {prototype} : !llvm.ptr, !llvm.ptr")
+        for offset, value, kind in ((DLTENSOR_DEVICE, DLPACK_CPU, "i32"), (DLTENSOR_DEVICE + 4, 0, "i32"),
+                                    (DLTENSOR_NDIM, rank, "i32"), (DLTENSOR_DTYPE, code, "i32"),
+                                    (DLTENSOR_BYTE_OFFSET, 0, "i64")):
+            e.op(f"llvm.store {e.const(value, kind)}, {e.at(prototype, offset)} : {kind}, !llvm.ptr")
+        e.op(f"llvm.store {dims}, {e.at(prototype, DLTENSOR_SHAPE)} : !llvm.ptr, !llvm.ptr")
+        e.op(f"llvm.store {null}, {e.at(prototype, DLTENSOR_STRIDES)} : !llvm.ptr, !llvm.ptr")
+        slot = e.stack_bytes(8, 8)
+        allocate = e.load(api, "!llvm.ptr", DLPACK_ALLOCATOR)
+        ignore = e.value(f"llvm.mlir.addressof @{g.ignore_error} : !llvm.ptr")
+        status = e.value(f"llvm.call {allocate}({prototype}, {slot}, {null}, {ignore}) : !llvm.ptr, "
+                         "(!llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr) -> i32")
+        g._check_status(e.icmp("eq", status, e.const(0, "i32"), "i32"))
+        managed = e.load(slot, "!llvm.ptr")
+        tensor = e.at(managed, MANAGED_DLTENSOR)
+        start, byte_offset = e.load(tensor, "!llvm.ptr"), e.load(tensor, "i64", DLTENSOR_BYTE_OFFSET)
+        data = e.value(f"llvm.getelementptr {start}[{byte_offset}] : (!llvm.ptr, i64) -> !llvm.ptr, i8")
+        contiguous = e.const(1, "i1")
+        if rank:
+            strides_at = e.load(tensor, "!llvm.ptr", DLTENSOR_STRIDES)
+            has_strides = e.icmp("ne", strides_at, null, "!llvm.ptr")
+            e.blocks += 1
+            block = e.blocks
+            # No strides (DLPack before 1.2) mean C-contiguous.
+            e.op(f"llvm.cond_br {has_strides}, ^strides{block}, ^strided{block}({contiguous} : i1)")
+            e.lines.append(f"^strides{block}:")
+            strides = [e.load(strides_at, "i64", 8 * i) for i in range(rank)]
+            e.op(f"llvm.br ^strided{block}({g._c_contiguous(sizes, strides)} : i1)")
+            contiguous = e.value_name()
+            e.lines.append(f"^strided{block}({contiguous}: i1):")
+        e.blocks += 1
+        block = e.blocks
+        e.op(f"llvm.cond_br {contiguous}, ^wrap{block}, ^unwanted{block}")
+        e.lines.append(f"^unwanted{block}:")
+        deleter = e.load(managed, "!llvm.ptr", MANAGED_DELETER)
+        e.op(f"llvm.call {deleter}({managed}) : !llvm.ptr, (!llvm.ptr) -> ()")
+        e.op("llvm.br ^fallback")
+        e.lines.append(f"^wrap{block}:")
+        count = e.const(itemsize)
+        for size in sizes:
+            count = e.value(f"llvm.mul {count}, {size} : i64")  # torch allocated as many bytes: no wrap
+        e.op(f'"llvm.intr.memset"({data}, {e.const(0, "i8")}, {count}) <{{isVolatile = false}}> : '
+             "(!llvm.ptr, i8, i64) -> ()")
+        wrap = e.load(api, "!llvm.ptr", DLPACK_TO_OBJECT)
+        status = e.value(f"llvm.call {wrap}({managed}, {slot}) : !llvm.ptr, (!llvm.ptr, !llvm.ptr) -> i32")
+        g._check_status(e.icmp("eq", status, e.const(0, "i32"), "i32"))
+        return e.load(slot, "!llvm.ptr"), data
 
     def generate(self, name: str) -> str:
         g, e = self.g, self.e

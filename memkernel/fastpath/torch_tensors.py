@@ -25,9 +25,14 @@ import numpy as np
 from .constants import Slot
 
 _API_NAME = b"dlpack_exchange_api"
+# DLPackExchangeAPI (dlpack.h): a 16-byte header (version, prev_api), then managed_tensor_allocator,
+# managed_tensor_from_py_object_no_sync, managed_tensor_to_py_object_no_sync, dltensor_from_py_object_no_sync.
+DLPACK_ALLOCATOR = 16
+DLPACK_TO_OBJECT = 32
 DLPACK_DLTENSOR_FROM_OBJECT = 40
-"""Offset of ``dltensor_from_py_object_no_sync`` in ``DLPackExchangeAPI``: after the 16-byte header (version,
-``prev_api``) and three function pointers."""
+# DLManagedTensorVersioned: version (8 bytes), manager_ctx, deleter, uint64 flags, then its DLTensor.
+MANAGED_DELETER = 16
+MANAGED_DLTENSOR = 32
 DLPACK_CPU = 1
 """``kDLCPU``."""
 # DLTensor (dlpack.h): void* data, DLDevice {int32 type, int32 id}, int32 ndim, DLDataType {uint8 code, uint8 bits,
@@ -63,15 +68,17 @@ _capsule_pointer.argtypes, _capsule_pointer.restype = [ctypes.py_object, ctypes.
 
 
 def exchange_api(kind: type) -> int:
-    """The address of ``kind``'s DLPack exchange API if it is of DLPack 1.x and converts objects to DLTensors
-    without copying; 0 otherwise. The address stays valid for the life of the process (DLPack requires it)."""
+    """The address of ``kind``'s DLPack exchange API if it is of DLPack 1.x and has the functions the fast path
+    calls (allocate a tensor, make it a Python object, read an object as a DLTensor without copying); 0
+    otherwise. The address stays valid for the life of the process (DLPack requires it)."""
     capsule = getattr(kind, "__dlpack_c_exchange_api__", None)
     if capsule is None or type(capsule).__name__ != "PyCapsule" or not _capsule_valid(capsule, _API_NAME):
         return 0
     api = _capsule_pointer(capsule, _API_NAME) or 0
     if not api or ctypes.c_uint32.from_address(api).value != 1:
         return 0
-    return api if ctypes.c_void_p.from_address(api + DLPACK_DLTENSOR_FROM_OBJECT).value else 0
+    functions = (DLPACK_ALLOCATOR, DLPACK_TO_OBJECT, DLPACK_DLTENSOR_FROM_OBJECT)
+    return api if all(ctypes.c_void_p.from_address(api + offset).value for offset in functions) else 0
 
 
 def torch_tensor_type() -> type | None:

@@ -8,7 +8,7 @@ import pytest
 
 from memkernel import ArgumentError, mlir_kernel
 
-from ..kernels import elementwise
+from ..kernels import MATMUL, elementwise
 from .conftest import HAS_ENTRIES, with_fast_path
 
 torch = pytest.importorskip(
@@ -138,3 +138,24 @@ def test_mixed_numpy_and_tensor_arguments_are_read_in_compiled_code_and_give_num
     got = add(a, np.ones(4, np.float32))
     assert add.invoker.last_path == "fast"
     assert type(got) is np.ndarray and np.array_equal(got, (a + 1).numpy())
+
+
+@pytest.mark.skipif(not HAS_ENTRIES, reason="Python 3.10 has no compiled entries")
+def test_an_output_torch_allocates_in_compiled_code_is_zero_filled_before_a_kernel_accumulates():
+    matmul = with_fast_path(mlir_kernel(MATMUL)(lambda a, b: None))
+    matmul(torch.ones(1, 1), torch.ones(1, 1))
+    for _ in range(20):  # torch reuses freed blocks: garbage would show
+        a, b = torch.rand(5, 3), torch.rand(3, 4)
+        got = matmul(a, b)
+        assert matmul.invoker.last_path == "fast"
+        assert type(got) is torch.Tensor and got.is_contiguous() and got.shape == (5, 4)
+        torch.testing.assert_close(got, a @ b)
+        del got
+
+
+@pytest.mark.skipif(not HAS_ENTRIES, reason="Python 3.10 has no compiled entries")
+def test_an_allocated_tensor_lives_on_its_own_after_the_call(add):
+    got = add(torch.ones(3), torch.ones(3))
+    clone = got.clone()
+    got.add_(1)  # torch owns it: writable, freed by torch
+    assert torch.equal(clone, torch.full((3,), 2.0)) and torch.equal(got, torch.full((3,), 3.0))
