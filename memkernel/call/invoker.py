@@ -131,8 +131,6 @@ class Invoker:
         if (kwargs or len(args) != self._arity or self._out_is_a_parameter
                 or (out is None and self._allocator.shaped_in_python)):
             return self(args, kwargs, out)
-        if out is None and not all(type(args[i]) is np.ndarray for i in self._array_inputs):
-            return self._run(args, self._no_outputs)  # tensors in: the output is allocated here, then run fast
         return self._checked(args, self._no_outputs if out is None else self._given(out))
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
