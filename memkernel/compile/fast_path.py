@@ -401,7 +401,7 @@ class _Generator:
         block = e.blocks
         e.op(f"llvm.cond_br {self._is_type(obj, Slot.TORCH_TENSOR)}, ^flags{block}, ^flagged{block}")
         e.lines.append(f"^flags{block}:")
-        true = self._const_slot(Slot.TRUE)
+        false = self._const_slot(Slot.FALSE)
         answer = e.value(f"llvm.call {self._const_slot(Slot.GET_ATTR)}({obj}, {self._const_slot(Slot.REQUIRES_GRAD)}) "
                          ": !llvm.ptr, (!llvm.ptr, !llvm.ptr) -> !llvm.ptr")
         answers = [answer]
@@ -417,9 +417,9 @@ class _Generator:
                 f"llvm.call {self._const_slot(Slot.CALL_METHOD)}({self._const_slot(method)}, {arguments}, {e.const(1)}, "
                 f"{null}) : !llvm.ptr, (!llvm.ptr, !llvm.ptr, i64, !llvm.ptr) -> !llvm.ptr"))
         self._check_status(e.icmp("ne", answers[-1], null, "!llvm.ptr"))
-        unset = []
+        unset = []  # False itself: anything else a mode may answer is declined
         for answer in answers:
-            unset.append(e.icmp("ne", answer, true, "!llvm.ptr"))
+            unset.append(e.icmp("eq", answer, false, "!llvm.ptr"))
             e.op(f"llvm.call {self._const_slot(Slot.DECREF)}({answer}) : !llvm.ptr, (!llvm.ptr) -> ()")
         e.check(e.all_of(unset))
         e.op(f"llvm.br ^flagged{block}")

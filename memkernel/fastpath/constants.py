@@ -74,6 +74,7 @@ class Slot(IntEnum):
     IS_NEG = 27
     IS_CONJ = 28
     IS_INFERENCE = 29
+    FALSE = 30
 
 
 FILL: dict[Slot, Callable[[], int]] = {
@@ -111,6 +112,7 @@ FILL: dict[Slot, Callable[[], int]] = {
     Slot.IS_NEG: lambda: id(_NAMES[1]),
     Slot.IS_CONJ: lambda: id(_NAMES[2]),
     Slot.IS_INFERENCE: lambda: id(_NAMES[3]),
+    Slot.FALSE: lambda: id(False),
 }
 """What fills each slot but :attr:`Slot.FAILED`, which holds the kernel's own callable (see :func:`fill`)."""
 

@@ -118,9 +118,9 @@ def test_a_tensor_subclass_takes_the_checked_path(add):
     assert add.invoker.last_path == "checked" and torch.equal(got, torch.full((3,), 2.0))
 
 
-def test_a_torch_function_mode_that_answers_every_question_is_declined_not_believed(add):
-    """Inside a ``__torch_function__`` mode torch asks the mode what a tensor is: one that says a tensor requires
-    no grad while it does is still refused, since the checked path asks torch's own getter after the decline."""
+def test_a_call_inside_a_torch_function_mode_computes_as_torch_does(add):
+    """Inside a ``__torch_function__`` mode torch asks the mode what a tensor is: the compiled code's questions go
+    through it too."""
 
     class Everything(torch.overrides.TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -159,3 +159,16 @@ def test_an_allocated_tensor_lives_on_its_own_after_the_call(add):
     clone = got.clone()
     got.add_(1)  # torch owns it: writable, freed by torch
     assert torch.equal(clone, torch.full((3,), 2.0)) and torch.equal(got, torch.full((3,), 3.0))
+
+
+def test_a_mode_that_answers_a_flag_with_a_truthy_non_bool_is_declined_and_refused(add):
+    """Only ``False`` itself lets the compiled code read a tensor; the checked path reads any answer's truth."""
+
+    class Truthy(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            answer = func(*args, **(kwargs or {}))
+            return 1 if getattr(func, "__name__", "") == "is_neg" else answer
+
+    with Truthy(), pytest.raises(ArgumentError, match="negative bit"):
+        add(torch.ones(3), torch.ones(3))
+    assert add.invoker.last_path == "checked"
