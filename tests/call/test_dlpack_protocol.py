@@ -16,6 +16,7 @@ import pytest
 from memkernel import ArgumentError, DTypeError, mlir_kernel
 
 from ..kernels import elementwise
+from ..processes import run_python
 
 ADD = elementwise("arith.addf", "memref<?xf32>", "f32", 1)
 STRIDED_ADD = elementwise("arith.addf", "memref<?xf32, strided<[?], offset: ?>>", "f32", 1)
@@ -187,3 +188,15 @@ def test_a_shifted_view_overlapping_the_output_is_read_from_a_copy(add):
     expected[1:5] = base[0:4] + 1
     add(Shared(base[0:4]), np.ones(4, np.float32), out=Shared(base[1:5]))
     np.testing.assert_array_equal(base, expected)
+
+
+def test_memkernel_imports_neither_torch_nor_jax():
+    shown = run_python(f"""
+        import sys
+        import numpy as np
+        import memkernel
+        add = memkernel.mlir_kernel({ADD!r})(lambda a, b: None)
+        add(np.ones(3, np.float32), np.ones(3, np.float32))
+        print(sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "jax", "jaxlib")))
+    """)
+    assert shown.strip() == "[]"
