@@ -71,6 +71,8 @@ NUMPY = Library("numpy", "numpy array")
 
 
 def _family(value: Any) -> str:
+    """``"numpy"``, ``"torch"``, ``"jax"`` or ``"other"``: which library made ``value``, by its type (a library
+    not imported made none)."""
     kind = type(value)
     if kind is np.ndarray or issubclass(kind, np.ndarray):
         return "numpy"
