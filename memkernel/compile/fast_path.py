@@ -1,8 +1,8 @@
 """The fast path: a marshalling function compiled into the kernel's own module.
 
-For the common call (exact ndarrays of the right dtype, rank and static dims,
-contiguous where the layout needs it; Python floats, ints and bools for
-scalars) a Python-level call costs several microseconds of checks and
+For the common call (exact ndarrays or torch tensors of the right dtype, rank
+and static dims, contiguous where the layout needs it; Python floats, ints and
+bools for scalars) a Python-level call costs several microseconds of checks and
 descriptor packing. This module writes, in the LLVM dialect, a CPython
 ``METH_FASTCALL`` function
 
@@ -17,6 +17,14 @@ its results. It returns the ``done`` object when it ran the kernel, and the
 the caller then takes the checked Python path, which handles (or explains)
 everything else. The fast path never accepts a value the Python path would
 refuse or convert.
+
+A torch tensor (exactly ``torch.Tensor``, once torch is imported: see
+:mod:`memkernel.fastpath.torch_tensors`) is read through torch's DLPack exchange
+API into a ``DLTensor`` on the stack, after every tensor argument has been asked
+what DLPack does not say (``requires_grad``, ``is_neg()``, ``is_conj()``,
+``is_inference()``), so that Python code those questions may run comes before
+any argument's memory is read. The compiled entry allocates the output of a call
+whose inputs are all tensors as a torch tensor, through the same API.
 
 It calls the kernel through ``__memkernel_run_<name>`` (defined when the module
 is compiled, see :func:`memkernel.compile.guard.runner`), with a guard frame on
