@@ -1,6 +1,9 @@
-"""The MLIR sources and builders the tests share, one library for every test folder."""
+"""The MLIR sources the tests share, the builders that write them, and what goes with a kernel (shape
+function, numpy reference): one library for every test folder."""
 
 from __future__ import annotations
+
+import numpy as np
 
 
 def elementwise(op: str, memref: str, element: str, rank: int, *, n_inputs: int = 2, name: str = "k") -> str:
@@ -144,16 +147,153 @@ func.func @conv(%i: memref<?x?x?x?xf32>, %f: memref<?x?x?x?xf32>, %o: memref<?x?
 }
 """
 
-# y = x * s with hand-written loops: nothing in the IR ties x to y, only the dim names do.
-SCALE = """
-func.func @scale(%x: memref<?xf32>, %s: f32, %y: memref<?xf32>) {
+
+def conv_shape(i, f):
+    """The shape of CONV's output for input ``i`` (NHWC) and filter ``f`` (HWCF): stride 1, no padding.
+
+    Decorated with CONV, so unannotated: a kernel's annotations are dim patterns."""
+    return (i.shape[0], max(0, i.shape[1] - f.shape[0] + 1), max(0, i.shape[2] - f.shape[1] + 1), f.shape[3])
+
+
+def conv_reference(i: np.ndarray, f: np.ndarray) -> np.ndarray:
+    """What CONV computes, in numpy: a sum over the filter's positions of each window times its slice of ``f``."""
+    out = np.zeros(conv_shape(i, f), np.float32)
+    oh, ow = out.shape[1:3]
+    for y in range(f.shape[0]):
+        for x in range(f.shape[1]):
+            out += np.einsum("nhwc,cf->nhwf", i[:, y:y + oh, x:x + ow, :], f[y, x])
+    return out
+
+
+def loop_map(name: str, element: str, *ops: str, scalar: str = "", in_place: bool = False) -> str:
+    """``func.func @name(%x: memref<?xT>[, scalar][, %y: memref<?xT>])``: an ``scf.for`` over x's dim 0 that
+    loads ``%v = x[i]``, runs ``ops`` (the last defines ``%r``) and stores ``%r`` to ``y[i]``, or back to
+    ``x[i]`` with ``in_place``. Nothing in the IR ties ``x`` to ``y``: only the Python annotations can."""
+    memref = f"memref<?x{element}>"
+    params = ", ".join([f"%x: {memref}", *([scalar] if scalar else []), *([] if in_place else [f"%y: {memref}"])])
+    body = "\n    ".join(ops)
+    return f"""
+func.func @{name}({params}) {{
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
-  %n = memref.dim %x, %c0 : memref<?xf32>
+  %n = memref.dim %x, %c0 : {memref}
+  scf.for %i = %c0 to %n step %c1 {{
+    %v = memref.load %x[%i] : {memref}
+    {body}
+    memref.store %r, {"%x" if in_place else "%y"}[%i] : {memref}
+  }}
+  return
+}}
+"""
+
+
+def loop_total(element: str) -> str:
+    """``func.func @total(%x: memref<?xT>) -> T``: the sum of x's elements, carried through an ``scf.for``."""
+    memref = f"memref<?x{element}>"
+    add, zero = ("arith.addi", "0") if element.startswith("i") else ("arith.addf", "0.0")
+    return f"""
+func.func @total(%x: {memref}) -> {element} {{
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %n = memref.dim %x, %c0 : {memref}
+  %zero = arith.constant {zero} : {element}
+  %s = scf.for %i = %c0 to %n step %c1 iter_args(%acc = %zero) -> {element} {{
+    %v = memref.load %x[%i] : {memref}
+    %r = {add} %acc, %v : {element}
+    scf.yield %r : {element}
+  }}
+  return %s : {element}
+}}
+"""
+
+
+def accumulate(element: str) -> str:
+    """``func.func @accumulate(%a: memref<?xT>, %b: memref<?xT>)``: ``b[i] = a[i] + b[i]`` in place, one element
+    at a time in ascending order (so ``a`` and ``b`` may be one buffer)."""
+    memref = f"memref<?x{element}>"
+    add = "arith.addi" if element.startswith("i") else "arith.addf"
+    return f"""
+func.func @accumulate(%a: {memref}, %b: {memref}) {{
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %n = memref.dim %a, %c0 : {memref}
+  scf.for %i = %c0 to %n step %c1 {{
+    %x = memref.load %a[%i] : {memref}
+    %y = memref.load %b[%i] : {memref}
+    %s = {add} %x, %y : {element}
+    memref.store %s, %b[%i] : {memref}
+  }}
+  return
+}}
+"""
+
+
+def axpy(element: str = "f64", rank: int = 1, *, in_place: bool = False) -> str:
+    """``func.func @axpy(%alpha: T, %x, %y[, %out])``, memrefs of rank ``rank``: ``alpha * x + y``, into ``out``,
+    or into ``y`` with ``in_place`` (then ``y`` is an input that is written)."""
+    memref = f"memref<{'?x' * rank}{element}>"
+    dims = ", ".join(f"d{i}" for i in range(rank))
+    identity = f"affine_map<({dims}) -> ({dims})>"
+    maps = ", ".join([identity] * (2 if in_place else 3))
+    iterators = ", ".join(['"parallel"'] * rank)
+    ins, out = ("%x", "%y") if in_place else ("%x, %y", "%out")
+    in_types = memref if in_place else f"{memref}, {memref}"
+    block = f"%a: {element}, %o: {element}" if in_place else f"%a: {element}, %b: {element}, %o: {element}"
+    params = f"%alpha: {element}, %x: {memref}, %y: {memref}" + ("" if in_place else f", %out: {memref}")
+    return f"""
+func.func @axpy({params}) {{
+  linalg.generic {{indexing_maps = [{maps}], iterator_types = [{iterators}]}}
+      ins({ins} : {in_types}) outs({out} : {memref}) {{
+  ^bb0({block}):
+    %m = arith.mulf %alpha, %a : {element}
+    %s = arith.addf %m, {"%o" if in_place else "%b"} : {element}
+    linalg.yield %s : {element}
+  }}
+  return
+}}
+"""
+
+
+# y = x * s with hand-written loops: nothing in the IR ties x to y, only the dim names do.
+SCALE = loop_map("scale", "f32", "%r = arith.mulf %v, %s : f32", scalar="%s: f32")
+
+# c += a @ b in three scf loops over the arrays' own dims: i over a's rows, j over b's columns, k over a's
+# columns, which b's rows and c's dims must then reach; nothing in the IR ties a dim to another.
+LOOP_MATMUL = """
+func.func @matmul(%a: memref<?x?xf32>, %b: memref<?x?xf32>, %c: memref<?x?xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %m = memref.dim %a, %c0 : memref<?x?xf32>
+  %k = memref.dim %a, %c1 : memref<?x?xf32>
+  %n = memref.dim %b, %c1 : memref<?x?xf32>
+  scf.for %i = %c0 to %m step %c1 {
+    scf.for %j = %c0 to %n step %c1 {
+      scf.for %l = %c0 to %k step %c1 {
+        %x = memref.load %a[%i, %l] : memref<?x?xf32>
+        %y = memref.load %b[%l, %j] : memref<?x?xf32>
+        %z = memref.load %c[%i, %j] : memref<?x?xf32>
+        %p = arith.mulf %x, %y : f32
+        %s = arith.addf %z, %p : f32
+        memref.store %s, %c[%i, %j] : memref<?x?xf32>
+      }
+    }
+  }
+  return
+}
+"""
+
+# y[i] = x[i] + x[i + 1] for each i of y: x must reach one past y's end, which no dim of the IR says.
+PAIRS = """
+func.func @pairs(%x: memref<?xf32>, %y: memref<?xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %n = memref.dim %y, %c0 : memref<?xf32>
   scf.for %i = %c0 to %n step %c1 {
-    %v = memref.load %x[%i] : memref<?xf32>
-    %r = arith.mulf %v, %s : f32
-    memref.store %r, %y[%i] : memref<?xf32>
+    %next = arith.addi %i, %c1 : index
+    %u = memref.load %x[%i] : memref<?xf32>
+    %v = memref.load %x[%next] : memref<?xf32>
+    %s = arith.addf %u, %v : f32
+    memref.store %s, %y[%i] : memref<?xf32>
   }
   return
 }
@@ -217,5 +357,54 @@ MATVEC_IN_PLACE = """
 func.func @matvec(%a: memref<?x?xf32>, %x: memref<?xf32>, %y: memref<?xf32>) {
   linalg.matvec ins(%a, %x : memref<?x?xf32>, memref<?xf32>) outs(%y : memref<?xf32>)
   return
+}
+"""
+
+# Writes 1 into y[0 .. n) one by one; n past y's end is an out-of-bounds store.
+FILL = """func.func @fill(%y: memref<?xf32>, %n: index) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %one = arith.constant 1.0 : f32
+  scf.for %i = %c0 to %n step %c1 {
+    memref.store %one, %y[%i] : memref<?xf32>
+  }
+  return
+}"""
+
+# out[i] = 2 * i in an scf.parallel loop that calls the callback @visit(i) at each i.
+PARALLEL_FILL = """
+func.func private @visit(index)
+func.func @fill(%out: memref<?xi64>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %n = memref.dim %out, %c0 : memref<?xi64>
+  scf.parallel (%i) = (%c0) to (%n) step (%c1) {
+    %v = arith.index_cast %i : index to i64
+    %twice = arith.addi %v, %v : i64
+    memref.store %twice, %out[%i] : memref<?xi64>
+    func.call @visit(%i) : (index) -> ()
+    scf.reduce
+  }
+  return
+}"""
+
+# Copies a global that is declared but never defined: linking fails with "Symbols not found: [ missing_table ]".
+MISSING_GLOBAL = """
+memref.global @missing_table : memref<4xf32>
+func.func @k(%o: memref<4xf32>) {
+  %g = memref.get_global @missing_table : memref<4xf32>
+  memref.copy %g, %o : memref<4xf32> to memref<4xf32>
+  return
+}"""
+
+# A transform schedule to put after a function in its module: tiles every linalg.add by 4 in an scf.for.
+TILE_ADDS_BY_4 = """
+module attributes {transform.with_named_sequence} {
+  transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {
+    %add = transform.structured.match ops{["linalg.add"]} in %root : (!transform.any_op) -> !transform.any_op
+    %tiled, %loop = transform.structured.tile_using_for %add tile_sizes [4]
+      : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    transform.yield
+  }
 }
 """

@@ -90,6 +90,12 @@ ROWS = {
         "fresh process, empty disk cache",
         "fresh process, disk cache hit",
     ],
+    "start-up, fresh process to first result": [
+        'python -c "import numpy"',
+        "import memkernel, decorate, first call: warm disk cache",
+        "the same, empty disk cache (compiles)",
+    ],
+    "compile, 16 distinct add kernels, decoration to first call": ["one at a time (base)", "from 16 threads at once ("],
     "checked=True, add, 16×f32, out=": ["memkernel add, unchecked (base)", "memkernel add, checked=True"],
     "checked=True, add, 1,000,000×f32, out=": ["memkernel add, unchecked (base)", "memkernel add, checked=True"],
     "checked=True, scf loop y = 2x, 1,000,000×f32": ["memkernel loop, unchecked (base)",
@@ -120,6 +126,9 @@ TARGETED = {
     ("gufunc, 10000 × (8×8 @ 8×8) f32, out=", "memkernel gufunc, vector-dialect memref<8x8xf32> kernel"),
     ("compile, add kernel", "fresh process, disk cache hit"),
     ("compile, add kernel", "MEMKERNEL_COMPILE_WORKER=0, cache=False (compiles here)"),
+    ("start-up, fresh process to first result", "import memkernel, decorate, first call: warm disk cache"),
+    ("start-up, fresh process to first result", "the same, empty disk cache (compiles)"),
+    ("checked=True, add, 16×f32, out=", "memkernel add, checked=True"),
 }
 
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from memkernel import CompileError, KernelAssertionError, mlir_kernel
+
+from .kernels import FILL
+from .threads import run_together
 
 REPO = str(Path(__file__).resolve().parents[1])
 F32 = np.float32
@@ -24,15 +26,14 @@ STORE_THEN_ASSERT = """func.func @k(%ok: i1, %x: memref<?xf32>, %i: index, %out:
   return
 }"""
 
-# Writes 1 into y[0 .. n) one by one; n past y's end is an out-of-bounds store.
-FILL = """func.func @fill(%y: memref<?xf32>, %n: index) {
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
-  %one = arith.constant 1.0 : f32
-  scf.for %i = %c0 to %n step %c1 {
-    memref.store %one, %y[%i] : memref<?xf32>
-  }
-  return
+VERIFYING_PIPELINE = (
+    "builtin.module(generate-runtime-verification, convert-scf-to-cf, expand-strided-metadata, "
+    "finalize-memref-to-llvm, convert-arith-to-llvm, convert-cf-to-llvm, convert-func-to-llvm, "
+    "reconcile-unrealized-casts)"
+)
+LOAD = """func.func @load(%a: memref<?xf32>, %i: index) -> f32 {
+  %v = memref.load %a[%i] : memref<?xf32>
+  return %v : f32
 }"""
 
 # A window of 4 elements of x at offset o.
@@ -169,11 +170,7 @@ def test_each_thread_gets_its_own_failures():
                 if not ok or result != 1.0:
                     wrong.append(f"a failing call returned {result}")
 
-    threads = [threading.Thread(target=calls, args=(i % 2 == 0,)) for i in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_together(calls, [i % 2 == 0 for i in range(4)])
     assert wrong == []
 
 
@@ -257,6 +254,36 @@ def test_checked_divisions_that_do_not_trap_compute_numpys_answer(op, t, dtype, 
     divide = mlir_kernel(DIVIDE.format(op=op, t=t), checked=True)(lambda a, b: None)
     expected = numpy_op(a.astype(np.float64) if op == "divsi" else a, b).astype(dtype)
     np.testing.assert_array_equal(divide(a, b).view(dtype), expected)  # an i8 output is allocated as int8
+
+
+def test_a_custom_pipelines_runtime_check_is_a_kernel_assertion_error():
+    load = mlir_kernel(LOAD, pipeline=VERIFYING_PIPELINE, cache=False)(lambda a, i: None)
+    a = np.arange(4, dtype=np.float32)
+    assert load(a, 2) == 2.0
+    with pytest.raises(KernelAssertionError, match="out-of-bounds access"):
+        load(a, 7)
+
+
+def test_a_failing_kernel_inside_a_callback_raises_from_its_own_call():
+    inner = mlir_kernel(LOAD, pipeline=VERIFYING_PIPELINE, cache=False)(lambda a, i: None)
+    seen: list[str] = []
+
+    def callback(i: int) -> int:
+        try:
+            inner(np.ones(4, np.float32), i)
+        except KernelAssertionError:
+            seen.append("inner")
+        return 0
+
+    outer = mlir_kernel("""
+        func.func private @cb(i64) -> i64
+        func.func @outer(%i: i64) -> i64 {
+          %r = func.call @cb(%i) : (i64) -> i64
+          return %r : i64
+        }""", callbacks={"cb": callback})(lambda i: None)
+    for _ in range(300):  # skipped Python frames would exhaust the recursion limit long before this
+        assert outer(100) == 0
+    assert seen == ["inner"] * 300
 
 
 def test_checked_checks_every_lane_of_a_vector_division():

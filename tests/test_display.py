@@ -10,28 +10,13 @@ import pytest
 
 from memkernel import mlir_kernel
 
-MATMUL = """
-func.func @matmul(%a: memref<?x?xf32>, %b: memref<?x?xf32>, %c: memref<?x?xf32>) {
-  linalg.matmul ins(%a, %b : memref<?x?xf32>, memref<?x?xf32>) outs(%c : memref<?x?xf32>)
-  return
-}"""
+from .kernels import MATMUL, axpy
+
+AXPY = axpy(in_place=True)
 
 STATIC_MATMUL = """
 func.func @mm4(%a: memref<?x4xf64>, %b: memref<4x?xf64>, %c: memref<?x?xf64>) {
   linalg.matmul ins(%a, %b : memref<?x4xf64>, memref<4x?xf64>) outs(%c : memref<?x?xf64>)
-  return
-}"""
-
-AXPY = """
-func.func @axpy(%alpha: f64, %x: memref<?xf64>, %y: memref<?xf64>) {
-  linalg.generic {indexing_maps = [affine_map<(i) -> (i)>, affine_map<(i) -> (i)>],
-                  iterator_types = ["parallel"]}
-      ins(%x : memref<?xf64>) outs(%y : memref<?xf64>) {
-  ^bb0(%a: f64, %o: f64):
-    %m = arith.mulf %alpha, %a : f64
-    %s = arith.addf %m, %o : f64
-    linalg.yield %s : f64
-  }
   return
 }"""
 

@@ -16,26 +16,10 @@ import memkernel.kernel
 from memkernel import ArgumentError, Kernel, SignatureError, mlir_kernel
 
 from .forks import exit_code_of_child
-from .kernels import elementwise
+from .kernels import MATMUL, axpy, elementwise
+from .threads import run_together
 
-MATMUL = """
-func.func @matmul(%a: memref<?x?xf32>, %b: memref<?x?xf32>, %c: memref<?x?xf32>) {
-  linalg.matmul ins(%a, %b : memref<?x?xf32>, memref<?x?xf32>) outs(%c : memref<?x?xf32>)
-  return
-}"""
-
-AXPY = """
-func.func @axpy(%alpha: f64, %x: memref<?xf64>, %y: memref<?xf64>, %out: memref<?xf64>) {
-  linalg.generic {indexing_maps = [affine_map<(i) -> (i)>, affine_map<(i) -> (i)>, affine_map<(i) -> (i)>],
-                  iterator_types = ["parallel"]}
-      ins(%x, %y : memref<?xf64>, memref<?xf64>) outs(%out : memref<?xf64>) {
-  ^bb0(%a: f64, %b: f64, %o: f64):
-    %m = arith.mulf %alpha, %a : f64
-    %s = arith.addf %m, %b : f64
-    linalg.yield %s : f64
-  }
-  return
-}"""
+AXPY = axpy()
 
 
 @pytest.fixture(scope="module")
@@ -140,11 +124,7 @@ def test_compile_runs_once_for_concurrent_first_calls(monkeypatch):
         barrier.wait()
         results[i] = kernel(x, x)
 
-    threads = [threading.Thread(target=first_call, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_together(first_call, range(4))
     assert len(calls) == 1
     for r in results:
         np.testing.assert_array_equal(r, x + x)
@@ -190,11 +170,7 @@ def test_calls_from_many_threads_give_each_its_own_answer():
             if not np.array_equal(kernel(a, b), a + b):
                 errors.append(seed)
 
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_together(worker, range(4))
     assert errors == []
 
 

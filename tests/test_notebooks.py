@@ -277,24 +277,18 @@ def timings(text: str, unit: str) -> list[float]:
     return [float(value) for value in re.findall(rf"(\d+\.\d+) {unit}", text)]
 
 
-def test_add_performance_plot_is_drawn_over_sizes_from_16_to_ten_million(tagged):
-    cell = tagged["plot-add"]
+@pytest.mark.parametrize(("tag", "described", "unit", "n_timings"), [
+    pytest.param("plot-add", "2 axes, 13 sizes from 16 to 10000000 elements", "µs", 4, id="add-over-16-to-10M"),
+    pytest.param("plot-matmul", "1 axes, 5 sizes", "GFLOP/s", 10, id="matmul-gflops"),
+])
+def test_a_performance_plot_is_drawn_with_its_timings(tagged, tag, described, unit, n_timings):
+    cell = tagged[tag]
     (image,) = png_images(cell)
     assert image.startswith(PNG_SIGNATURE)
     shown = stream_text(cell)
-    assert "2 axes, 13 sizes from 16 to 10000000 elements" in shown
-    measured = timings(shown, "µs")
-    assert len(measured) == 4 and all(t > 0 for t in measured)
-
-
-def test_matmul_gflops_plot_is_drawn(tagged):
-    cell = tagged["plot-matmul"]
-    (image,) = png_images(cell)
-    assert image.startswith(PNG_SIGNATURE)
-    shown = stream_text(cell)
-    assert "1 axes, 5 sizes" in shown
-    measured = timings(shown, "GFLOP/s")
-    assert len(measured) == 10 and all(t > 0 for t in measured)
+    assert described in shown
+    measured = timings(shown, unit)
+    assert len(measured) == n_timings and all(t > 0 for t in measured)
 
 
 def test_torch_tensors_come_back_as_tensors_and_errors_speak_torch(tagged):

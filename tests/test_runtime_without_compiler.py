@@ -3,13 +3,16 @@ is decorated and called without importing the compiler, even where the MLIR bind
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
+import memkernel
 from .kernels import elementwise
 
 SOURCE = elementwise("arith.addf", "memref<?xf32>", "f32", 1, name="add")
@@ -53,6 +56,64 @@ def source_file(tmp_path):
     path = tmp_path / "add.mlir"
     path.write_text(SOURCE)
     return str(path)
+
+
+PACKAGE = Path(memkernel.__file__).parent
+
+RUNTIME_FOLDERS = ("model", "call", "fastpath", "load", "isolate", "ufunc", "testing")
+"""The runtime layer's folders; with them, every module at the package's top but those below."""
+
+COMPILER_SIDE = {
+    "cli.py": "the command line reads and compiles sources",
+    "dask.py": "chunking reads the kernel's IR at apply()",
+    "chunk_offsets.py": "rewrites a source's linalg.index for dask.py",
+}
+"""The top-level modules that read or compile MLIR, and why; a cached kernel's call never imports them."""
+
+COMPILER_MODULES = ("mlir", "memkernel.compile", "memkernel.analysis")
+
+
+def _runtime_modules() -> list[Path]:
+    top = [path for path in PACKAGE.glob("*.py") if path.name not in COMPILER_SIDE]
+    return sorted(top + [path for folder in RUNTIME_FOLDERS for path in (PACKAGE / folder).glob("*.py")])
+
+
+def _imported_at_load(path: Path) -> list[tuple[int, str]]:
+    """The modules ``path`` imports when it is loaded (function bodies and ``if TYPE_CHECKING:`` left out),
+    relative imports resolved against the package, with their lines."""
+    package = ["memkernel", *path.relative_to(PACKAGE).parent.parts]
+    found = []
+    pending = list(ast.parse(path.read_text(), str(path)).body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            pending.extend(node.orelse)
+            continue
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[:len(package) - node.level + 1] if node.level else [])
+            module = ".".join(part for part in (base, node.module or "") if part)
+            names = [module] if node.module else [f"{module}.{alias.name}" for alias in node.names]
+            found += [(node.lineno, name) for name in names]
+        pending.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def test_the_layer_lists_name_what_exists():
+    missing = [name for name in COMPILER_SIDE if not (PACKAGE / name).is_file()]
+    missing += [folder for folder in RUNTIME_FOLDERS if not list((PACKAGE / folder).glob("*.py"))]
+    assert missing == []
+
+
+def test_no_runtime_module_imports_mlir_or_the_compiler_when_loaded():
+    offending = [f"{path.relative_to(PACKAGE.parent)}:{line} imports {name}"
+                 for path in _runtime_modules() for line, name in _imported_at_load(path)
+                 if name == "mlir" or name.startswith(tuple(f"{module}." for module in COMPILER_MODULES))
+                 or name in COMPILER_MODULES]
+    assert offending == [], "import these inside the function that compiles:\n" + "\n".join(offending)
 
 
 def test_import_memkernel_loads_neither_mlir_nor_the_compiler():

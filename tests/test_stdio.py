@@ -16,7 +16,7 @@ import pytest
 import memkernel.stdio
 from memkernel import CompileError, mlir_kernel
 
-from .kernels import elementwise
+from .kernels import MISSING_GLOBAL, PARALLEL_FILL, elementwise
 
 SHOW = """
 func.func private @printMemrefF32(memref<*xf32>) attributes {llvm.emit_c_interface}
@@ -66,13 +66,6 @@ def test_capture_output_true_captures_even_in_a_terminal(monkeypatch, capsys):
     assert "[7]" in capsys.readouterr().out
 
 
-MISSING_GLOBAL = """
-memref.global @missing_table : memref<4xf32>
-func.func @k(%o: memref<4xf32>) {
-  %g = memref.get_global @missing_table : memref<4xf32>
-  memref.copy %g, %o : memref<4xf32> to memref<4xf32>
-  return
-}"""
 NOT_FOUND = "Symbols not found: [ missing_table ]"
 
 
@@ -223,30 +216,19 @@ def visit(i):
     threads.add(threading.get_ident())
     say(i)
 
-fill = mlir_kernel('''
-func.func private @visit(index)
-func.func @fill(%out: memref<?xi64>) {
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
-  %n = memref.dim %out, %c0 : memref<?xi64>
-  scf.parallel (%i) = (%c0) to (%n) step (%c1) {
-    %v = arith.index_cast %i : index to i64
-    memref.store %v, %out[%i] : memref<?xi64>
-    func.call @visit(%i) : (index) -> ()
-    scf.reduce
-  }
-  return
-}''', name="fill", parallel=True, callbacks={"visit": visit}, capture_output=True)(lambda out: None)
+fill = mlir_kernel(SOURCE, name="fill", parallel=True, callbacks={"visit": visit},
+                   capture_output=True)(lambda out: None)
 out = np.zeros(2048, np.int64)
 fill(out)
-assert (out == np.arange(2048)).all()
+assert (out == 2 * np.arange(2048)).all()
 print("worker threads", len(threads - {threading.get_ident()}))
 """
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs two cores to run callbacks on a worker thread")
 def test_callbacks_on_worker_threads_calling_a_capturing_kernel_lose_nothing():
-    printed, workers = run_python(PARALLEL_SCRIPT).stdout.rsplit("worker threads ", 1)
+    script = PARALLEL_SCRIPT.replace("SOURCE", repr(PARALLEL_FILL))
+    printed, workers = run_python(script).stdout.rsplit("worker threads ", 1)
     assert int(workers) >= 1
     # Kernels printing at the same time on several threads may interleave a number and its newline, as in
     # a terminal; what must hold is that every character arrives.

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from mlir import ir
 
-from ..diagnostics import format_diagnostics
+from .diagnostics import format_diagnostics
 from ..errors import MLIRSyntaxError, OptionError, SignatureError
 from .ir_callbacks import install_attribute_casters
 

@@ -42,7 +42,7 @@ from mlir import ir, passmanager
 from mlir.dialects.transform import interpreter
 
 from . import allocations, i1_storage
-from ..diagnostics import format_diagnostics
+from ..analysis.diagnostics import format_diagnostics
 from ..model.dtypes import SMALL_FLOAT_NAMES, SUB_BYTE_FLOAT_BITS
 from ..errors import CompileError, SignatureError
 from ..options import SCHEDULES, KernelOptions, check_pipeline_choice
@@ -410,7 +410,10 @@ def drop_unused_declarations(module: ir.Module) -> None:
     mentions = _symbol_mentions(module)
     for op in list(module.body.operations):
         op = op.operation
-        if op.name == "func.func" and len(op.regions[0].blocks) == 0 and mentions[_name_of(op)] <= 1:
+        if op.name != "func.func" or len(op.regions[0].blocks) != 0:
+            continue
+        name = _name_of(op)
+        if name is None or mentions[name] <= 1:
             op.erase()
 
 

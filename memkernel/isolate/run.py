@@ -45,7 +45,7 @@ from .shared import Layout, Placed, Segment, page_aligned, reach
 
 
 _SEGMENT_HINT = "Call with smaller arrays, or without isolate=True."
-_SEGMENT_HINTS = {
+_SEGMENT_HINTS: dict[int | None, str] = {
     errno.EFBIG: "The file-size limit (ulimit -f) holds for shared memory too: raise it, or call with smaller arrays.",
     errno.EMFILE: "The process has no file descriptor left (ulimit -n): close some, or raise the limit.",
     errno.ENFILE: "The system has no file descriptor left: close some files.",

@@ -75,7 +75,9 @@ _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
+@functools.lru_cache(maxsize=None)
 def _version(distribution: str) -> str:
+    """The installed version of ``distribution``, read once per process (each read scans ``sys.path``)."""
     try:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:

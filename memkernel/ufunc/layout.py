@@ -15,6 +15,7 @@ signature can (bounds, views, outputs shaped by the Python function) is a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -137,7 +138,8 @@ def _check_operand(spec: KernelSpec, contract: BufferContract | ScalarContract) 
         shape = contract.spec.shape
         for k, stride in enumerate(strides):
             inner = shape[k + 1:]
-            if stride is not None and (None in inner or int(np.prod(inner, dtype=np.int64)) != stride):
+            sizes = [size for size in inner if size is not None]
+            if stride is not None and (len(sizes) < len(inner) or math.prod(sizes) != stride):
                 raise _refuse(name, f"{where}: its layout fixes the stride of dim {k} to {stride}, which a "
                               "contiguous core of every size does not have (the gufunc's loop hands the kernel "
                               "contiguous cores); use ? for that stride.")

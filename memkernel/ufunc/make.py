@@ -40,9 +40,9 @@ _PY_UFUNC_NONE = -1
 def ufunc_api(index: int) -> int:
     """Entry ``index`` of numpy's ufunc C API table, read from its ``_UFUNC_API`` capsule."""
     try:
-        from numpy._core import _multiarray_umath as umath
+        from numpy._core import umath
     except ImportError:  # numpy 1.x
-        from numpy.core import _multiarray_umath as umath  # type: ignore[no-redef]
+        from numpy.core import umath  # type: ignore[no-redef]
     return capsule_entry(umath._UFUNC_API, index)
 
 

@@ -14,6 +14,7 @@ import pytest
 from memkernel import ShapeError, SignatureError, mlir_kernel
 
 from ..fastpath.conftest import with_fast_path
+from ..kernels import CONV, LOOP_MATMUL, MATMUL, PAIRS, SCALE
 
 REPO = str(Path(__file__).resolve().parents[2])
 F32 = np.float32
@@ -21,11 +22,6 @@ F32 = np.float32
 ADD = """func.func @add(%a: memref<?xf32>, %b: memref<?xf32>, %out: memref<?xf32>) {
   linalg.elementwise kind=#linalg.elementwise_kind<add>
       ins(%a, %b : memref<?xf32>, memref<?xf32>) outs(%out : memref<?xf32>)
-  return
-}"""
-
-MATMUL = """func.func @matmul(%a: memref<?x?xf32>, %b: memref<?x?xf32>, %c: memref<?x?xf32>) {
-  linalg.matmul ins(%a, %b : memref<?x?xf32>, memref<?x?xf32>) outs(%c : memref<?x?xf32>)
   return
 }"""
 
@@ -37,12 +33,6 @@ SPREAD = """func.func @spread(%a: memref<?xf32>, %c: memref<?x?xf32>) {
   ^bb0(%x: f32, %y: f32):
     linalg.yield %x : f32
   }
-  return
-}"""
-
-CONV = """func.func @conv(%i: memref<?x?x?x?xf32>, %f: memref<?x?x?x?xf32>, %o: memref<?x?x?x?xf32>) {
-  linalg.conv_2d_nhwc_hwcf ins(%i, %f : memref<?x?x?x?xf32>, memref<?x?x?x?xf32>)
-      outs(%o : memref<?x?x?x?xf32>)
   return
 }"""
 
@@ -65,40 +55,6 @@ CAST_THEN_ADD = """func.func @add(%a: memref<?xf32>, %b: memref<?xf32>, %out: me
 CONDITIONAL_COPY = """func.func @maybe(%a: memref<?xf32>, %b: memref<?xf32>, %go: i1) {
   scf.if %go {
     linalg.copy ins(%a : memref<?xf32>) outs(%b : memref<?xf32>)
-  }
-  return
-}"""
-
-# Loops bounded by memref.dim: the IR ties nothing, the named dims do.
-SCALE = """func.func @scale(%x: memref<?xf32>, %s: f32, %y: memref<?xf32>) {
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
-  %n = memref.dim %x, %c0 : memref<?xf32>
-  scf.for %i = %c0 to %n step %c1 {
-    %v = memref.load %x[%i] : memref<?xf32>
-    %w = arith.mulf %v, %s : f32
-    memref.store %w, %y[%i] : memref<?xf32>
-  }
-  return
-}"""
-
-UNTIED_MATMUL = """func.func @matmul(%a: memref<?x?xf32>, %b: memref<?x?xf32>, %c: memref<?x?xf32>) {
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
-  %m = memref.dim %a, %c0 : memref<?x?xf32>
-  %k = memref.dim %a, %c1 : memref<?x?xf32>
-  %n = memref.dim %b, %c1 : memref<?x?xf32>
-  scf.for %i = %c0 to %m step %c1 {
-    scf.for %j = %c0 to %n step %c1 {
-      scf.for %l = %c0 to %k step %c1 {
-        %x = memref.load %a[%i, %l] : memref<?x?xf32>
-        %y = memref.load %b[%l, %j] : memref<?x?xf32>
-        %acc = memref.load %c[%i, %j] : memref<?x?xf32>
-        %p = arith.mulf %x, %y : f32
-        %s = arith.addf %acc, %p : f32
-        memref.store %s, %c[%i, %j] : memref<?x?xf32>
-      }
-    }
   }
   return
 }"""
@@ -260,7 +216,7 @@ def test_named_dims_tie_what_the_ir_does_not():
 
 
 def test_named_dims_shape_an_allocated_output():
-    @mlir_kernel(UNTIED_MATMUL)
+    @mlir_kernel(LOOP_MATMUL)
     def matmul(a: "M K", b: "K N") -> "M N": ...
 
     rng = np.random.default_rng(1)
@@ -271,7 +227,7 @@ def test_named_dims_shape_an_allocated_output():
 
 
 def test_named_dims_show_in_the_signature_and_repr():
-    @mlir_kernel(UNTIED_MATMUL)
+    @mlir_kernel(LOOP_MATMUL)
     def matmul(a: "M K", b: "K N") -> "M N": ...
 
     shown = "matmul(a: memref<?x?xf32> (M, K), b: memref<?x?xf32> (K, N), *, out: None | memref<?x?xf32> = None)" \
@@ -433,65 +389,28 @@ def test_a_load_in_a_loop_asks_only_when_the_loop_runs():
         fill(np.arange(5, dtype=F32), y)
 
 
-# c += a @ b in three scf loops over the arrays' own dims: i over a's rows, j over b's columns, k over a's
-# columns, which b's rows and c's dims must then reach.
-LOOP_MATMUL = """func.func @mm(%a: memref<?x?xf32>, %b: memref<?x?xf32>, %c: memref<?x?xf32>) {
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
-  %m = memref.dim %a, %c0 : memref<?x?xf32>
-  %k = memref.dim %a, %c1 : memref<?x?xf32>
-  %n = memref.dim %b, %c1 : memref<?x?xf32>
-  scf.for %i = %c0 to %m step %c1 {
-    scf.for %j = %c0 to %n step %c1 {
-      scf.for %l = %c0 to %k step %c1 {
-        %x = memref.load %a[%i, %l] : memref<?x?xf32>
-        %y = memref.load %b[%l, %j] : memref<?x?xf32>
-        %z = memref.load %c[%i, %j] : memref<?x?xf32>
-        %p = arith.mulf %x, %y : f32
-        %s = arith.addf %z, %p : f32
-        memref.store %s, %c[%i, %j] : memref<?x?xf32>
-      }
-    }
-  }
-  return
-}"""
-
-# y[i] = x[i] + x[i + 1] for each i of y: x must reach one past y's end.
-PAIRS = """func.func @pairs(%x: memref<?xf32>, %y: memref<?xf32>) {
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
-  %n = memref.dim %y, %c0 : memref<?xf32>
-  scf.for %i = %c0 to %n step %c1 {
-    %next = arith.addi %i, %c1 : index
-    %u = memref.load %x[%i] : memref<?xf32>
-    %v = memref.load %x[%next] : memref<?xf32>
-    %s = arith.addf %u, %v : f32
-    memref.store %s, %y[%i] : memref<?xf32>
-  }
-  return
-}"""
-
-
 def test_scf_loops_over_one_arrays_dims_need_the_arrays_they_index_to_reach_them():
-    mm = with_fast_path(mlir_kernel(LOOP_MATMUL)(lambda a, b: (a.shape[0], b.shape[1])))
+    matmul = with_fast_path(mlir_kernel(LOOP_MATMUL)(lambda a, b: (a.shape[0], b.shape[1])))
     rng = np.random.default_rng(0)
     a, b = rng.integers(-3, 4, (4, 3)).astype(F32), rng.integers(-3, 4, (3, 5)).astype(F32)
-    np.testing.assert_array_equal(mm(a, b), a @ b)
-    assert mm.invoker.last_path == "fast"
+    np.testing.assert_array_equal(matmul(a, b), a @ b)
+    assert matmul.invoker.last_path == "fast"
     with pytest.raises(ShapeError, match=re.escape(
-            "mm(): b has 2 elements on dim 0 but @mm's memref.load reaches up to index 2 there (a dim 0 = 4, "
+            "matmul(): b has 2 elements on dim 0 but @matmul's memref.load reaches up to index 2 there (a dim 0 = 4, "
             "b dim 1 = 5, a dim 1 = 3); pass at least 3.")):
-        mm(a, b[:2])
-    with pytest.raises(ShapeError, match=r"out has 3 elements on dim 0 but @mm's memref.load reaches up to index 3"):
-        mm(a, b, out=np.zeros((3, 5), F32))
-    with pytest.raises(ShapeError, match=r"out has 4 elements on dim 1 but @mm's memref.load reaches up to index 4"):
-        mm(a, b, out=np.zeros((4, 4), F32))
+        matmul(a, b[:2])
+    with pytest.raises(ShapeError, match=r"out has 3 elements on dim 0 but @matmul's memref.load "
+                                         r"reaches up to index 3"):
+        matmul(a, b, out=np.zeros((3, 5), F32))
+    with pytest.raises(ShapeError, match=r"out has 4 elements on dim 1 but @matmul's memref.load "
+                                         r"reaches up to index 4"):
+        matmul(a, b, out=np.zeros((4, 4), F32))
     # A bigger out= is fine (the loops write its top-left corner), and so is anything when a loop runs no times.
     big = np.zeros((5, 6), F32)
-    mm(a, b, out=big)
+    matmul(a, b, out=big)
     np.testing.assert_array_equal(big[:4, :5], a @ b)
     assert not big[4:].any() and not big[:, 5:].any()
-    np.testing.assert_array_equal(mm(np.zeros((0, 3), F32), b[:1]), np.zeros((0, 5), F32))
+    np.testing.assert_array_equal(matmul(np.zeros((0, 3), F32), b[:1]), np.zeros((0, 5), F32))
 
 
 def test_an_index_one_past_the_loop_variable_needs_one_more_element():

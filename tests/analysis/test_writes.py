@@ -9,6 +9,8 @@ from memkernel import ArgumentError, mlir_kernel
 from memkernel.analysis.writes import written_arguments
 from memkernel.analysis.source import parse_source
 
+from ..kernels import loop_total
+
 
 def written(body: str, args: str) -> frozenset[int]:
     parsed = parse_source(f"func.func @f({args}) {{\n{body}\n  return\n}}")
@@ -69,23 +71,8 @@ def test_scalars_are_never_written():
     assert written("  %x = arith.addf %s, %s : f32", "%s: f32") == frozenset()
 
 
-SUM = """
-func.func @total(%x: memref<?xi64>) -> i64 {
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
-  %n = memref.dim %x, %c0 : memref<?xi64>
-  %zero = arith.constant 0 : i64
-  %s = scf.for %i = %c0 to %n step %c1 iter_args(%acc = %zero) -> i64 {
-    %v = memref.load %x[%i] : memref<?xi64>
-    %r = arith.addi %acc, %v : i64
-    scf.yield %r : i64
-  }
-  return %s : i64
-}"""
-
-
 def test_a_list_is_accepted_for_an_argument_the_kernel_only_reads():
-    @mlir_kernel(SUM)
+    @mlir_kernel(loop_total("i64"))
     def total(x): ...
 
     assert total([1, 2, 3, 40]) == sum([1, 2, 3, 40])
@@ -103,7 +90,7 @@ def test_a_list_is_refused_for_an_argument_the_kernel_may_write():
 
 
 def test_read_only_view_copied_for_a_read_only_argument_is_accepted():
-    @mlir_kernel(SUM)
+    @mlir_kernel(loop_total("i64"))
     def total(x): ...
 
     data = np.arange(10, dtype=np.int64)

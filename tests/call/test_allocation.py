@@ -13,6 +13,9 @@ import pytest
 
 from memkernel import mlir_kernel
 
+from .. import kernels
+from ..kernels import loop_map, loop_total
+
 FLOATS = [pytest.param("f32", np.float32, id="f32"), pytest.param("f64", np.float64, id="f64")]
 NUMERIC = [*FLOATS, pytest.param("i32", np.int32, id="i32")]
 
@@ -99,7 +102,6 @@ func.func @transpose_colsum(%a: memref<?x3xf32>, %t: memref<3x?xf32>, %s: memref
 }
 """
 
-# Two outputs of the inputs' shape pattern: a + b and a - b.
 # c[i, j] = i * cols + j over c's own dims: nothing ties c to a or b, so only the body can shape it.
 IOTA_2D = """
 func.func @iota2d(%a: memref<?x?xf32>, %b: memref<?x?xf32>, %c: memref<?x?xf32>) {
@@ -126,6 +128,7 @@ func.func @untied_two(%a: memref<?xf32>, %b: memref<?xf32>, %s: memref<?xf32>, %
 }
 """
 
+# Two outputs of the inputs' shape pattern: a + b and a - b.
 ADD_SUB = """
 func.func @add_sub(%a: memref<?x{T}>, %b: memref<?x{T}>, %s: memref<?x{T}>, %d: memref<?x{T}>) {{
   linalg.add ins(%a, %b : memref<?x{T}>, memref<?x{T}>) outs(%s : memref<?x{T}>)
@@ -152,21 +155,6 @@ func.func @double_sum(%a: memref<?xf32>, %c: memref<?xf32>) -> (f32, index) {
 }
 """
 
-TOTAL = """
-func.func @total(%a: memref<?x{T}>) -> {T} {{
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
-  %zero = arith.constant 0.0 : {T}
-  %n = memref.dim %a, %c0 : memref<?x{T}>
-  %sum = scf.for %i = %c0 to %n step %c1 iter_args(%acc = %zero) -> ({T}) {{
-    %x = memref.load %a[%i] : memref<?x{T}>
-    %next = arith.addf %acc, %x : {T}
-    scf.yield %next : {T}
-  }}
-  return %sum : {T}
-}}
-"""
-
 SUM_COUNT = """
 func.func @sum_count(%a: memref<?xf32>) -> (f32, index) {
   %c0 = arith.constant 0 : index
@@ -179,37 +167,6 @@ func.func @sum_count(%a: memref<?xf32>) -> (f32, index) {
     scf.yield %next : f32
   }
   return %sum, %n : f32, index
-}
-"""
-
-# In place: a[i] = a[i] * s.
-SCALE = """
-func.func @scale(%a: memref<?x{T}>, %s: {T}) {{
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
-  %n = memref.dim %a, %c0 : memref<?x{T}>
-  scf.for %i = %c0 to %n step %c1 {{
-    %x = memref.load %a[%i] : memref<?x{T}>
-    %y = arith.mulf %x, %s : {T}
-    memref.store %y, %a[%i] : memref<?x{T}>
-  }}
-  return
-}}
-"""
-
-# In place: b[i] = a[i] + b[i].
-ACCUMULATE = """
-func.func @accumulate(%a: memref<?xf32>, %b: memref<?xf32>) {
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
-  %n = memref.dim %a, %c0 : memref<?xf32>
-  scf.for %i = %c0 to %n step %c1 {
-    %x = memref.load %a[%i] : memref<?xf32>
-    %y = memref.load %b[%i] : memref<?xf32>
-    %z = arith.addf %x, %y : f32
-    memref.store %z, %b[%i] : memref<?xf32>
-  }
-  return
 }
 """
 
@@ -230,6 +187,11 @@ func.func @shifted_accumulate(%a: memref<?xf32>, %b: memref<?xf32>) {
   return
 }
 """
+
+
+def scale_in_place(T: str) -> str:
+    """a[i] = a[i] * s, in place."""
+    return loop_map("scale", T, f"%r = arith.mulf %v, %s : {T}", scalar=f"%s: {T}", in_place=True)
 
 
 def kernel(source: str, name: str, body, T: str | None = None):
@@ -254,12 +216,12 @@ def add_sub(T):
 
 @functools.cache
 def scale(T):
-    return kernel(SCALE, "scale", lambda a, s: None, T)
+    return kernel(scale_in_place(T), "scale", lambda a, s: None)
 
 
 @functools.cache
 def accumulate():
-    return kernel(ACCUMULATE, "accumulate", lambda a, b: None)
+    return kernel(kernels.accumulate("f32"), "accumulate", lambda a, b: None)
 
 
 # --------------------------------------------------------------------------------------
@@ -444,7 +406,7 @@ def test_single_output_is_returned_bare(rng):
 
 @pytest.mark.parametrize("T, dtype", FLOATS)
 def test_single_scalar_result_is_returned_as_the_value(T, dtype, rng):
-    total = kernel(TOTAL, "total", lambda a: None, T)
+    total = kernel(loop_total(T), "total", lambda a: None)
     a = ints(rng, (9,), dtype)
     result = total(a)
     assert not isinstance(result, tuple)
@@ -579,6 +541,6 @@ def test_body_is_not_called_when_out_leaves_only_a_static_output(rng):
 
 def test_body_is_not_called_in_in_place_style(rng):
     recorder = Recorder()
-    k = kernel(SCALE, "scale", lambda a, s: recorder.body(a, s), "f32")
+    k = kernel(scale_in_place("f32"), "scale", lambda a, s: recorder.body(a, s))
     k(ints(rng, (3,), np.float32), 2.0)
     assert recorder.calls == []

@@ -14,6 +14,8 @@ from memkernel import CompileError, SignatureError, ValueRangeError, mlir_kernel
 from memkernel.call.callbacks import PendingErrors
 from memkernel.errors import CallbackError
 
+from ..threads import run_together
+
 ROWS = """
 func.func private @visit_row(memref<?xf64, strided<[1], offset: ?>>, index) -> f64
 func.func private @visit_all(memref<*xf64>)
@@ -239,11 +241,7 @@ def test_each_threads_call_raises_its_own_callbacks_error_and_no_other():
             except ItsOwnError as error:
                 outcomes[x] = error
 
-    threads = [threading.Thread(target=caller, args=(t * 1000,)) for t in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_together(caller, [t * 1000 for t in range(4)])
     assert len(outcomes) == 1200
     for x, outcome in outcomes.items():
         if x % 3 == 0:
@@ -287,11 +285,7 @@ def test_each_threads_call_of_a_parallel_kernel_raises_its_own_callbacks_error()
             except ItsOwnError as error:
                 outcomes[x] = error.args[0]
 
-    threads = [threading.Thread(target=caller, args=(t * 1000,)) for t in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_together(caller, [t * 1000 for t in range(4)])
     assert outcomes == {x: x if x % 3 == 0 else None for t in range(4) for x in range(t * 1000, t * 1000 + 10)}
 
 
@@ -315,11 +309,7 @@ def test_a_parallel_kernels_calls_raise_the_errors_of_their_worker_threads_callb
             except ItsOwnError as error:
                 outcomes[x] = error.args[0]
 
-    threads = [threading.Thread(target=caller, args=(t * 1000,)) for t in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_together(caller, [t * 1000 for t in range(4)])
     assert outcomes == {x: x if x % 2 else "returned" for t in range(4) for x in range(t * 1000, t * 1000 + 200)}
 
 
@@ -411,13 +401,18 @@ func.func @touched(%m: memref<?x?xi32, strided<[?, ?], offset: ?>>) {
     np.testing.assert_array_equal(big, expected)
 
 
-def test_a_callback_that_raises_still_writes_what_it_wrote_before():
-    source = """
-func.func private @half(memref<4xf32>)
-func.func @halved(%m: memref<4xf32>) {
-  func.call @half(%m) : (memref<4xf32>) -> ()
+def calling(callback: str, kernel: str) -> str:
+    """``func.func @kernel(%m: memref<4xf32>)`` that calls ``@callback(%m)`` once."""
+    return f"""
+func.func private @{callback}(memref<4xf32>)
+func.func @{kernel}(%m: memref<4xf32>) {{
+  func.call @{callback}(%m) : (memref<4xf32>) -> ()
   return
-}"""
+}}"""
+
+
+def test_a_callback_that_raises_still_writes_what_it_wrote_before():
+    source = calling("half", "halved")
 
     def half(view):
         view[:2] = 0.5
@@ -431,12 +426,7 @@ func.func @halved(%m: memref<4xf32>) {
 
 
 def test_a_callback_that_changes_its_arrays_shape_in_place_is_an_error():
-    source = """
-func.func private @reshape(memref<4xf32>)
-func.func @reshaped(%m: memref<4xf32>) {
-  func.call @reshape(%m) : (memref<4xf32>) -> ()
-  return
-}"""
+    source = calling("reshape", "reshaped")
 
     def reshape(view):
         view.shape = (2, 2)

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from memkernel import ArgumentError, mlir_kernel
 
-from ..kernels import elementwise
+from .. import kernels
+from ..kernels import elementwise, loop_map
 
 DTYPES = [np.float32, np.float64]
 MLIR = {np.float32: "f32", np.float64: "f64"}
@@ -208,24 +209,10 @@ def test_size_one_dim_with_a_stride_unlike_the_layouts_is_accepted(dtype):
 
 # -- in-place style: writes land in the caller's array --------------------------------
 
-SCALE_IN_PLACE = """
-func.func @scale(%x: memref<?x{t}>) {{
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
-  %n = memref.dim %x, %c0 : memref<?x{t}>
-  %two = arith.constant 2.0 : {t}
-  scf.for %i = %c0 to %n step %c1 {{
-    %v = memref.load %x[%i] : memref<?x{t}>
-    %w = arith.mulf %v, %two : {t}
-    memref.store %w, %x[%i] : memref<?x{t}>
-  }}
-  return
-}}
-"""
-
-
 def test_in_place_write_to_a_copied_view_is_copied_back(dtype):
-    @mlir_kernel(SCALE_IN_PLACE.format(t=MLIR[dtype]))
+    t = MLIR[dtype]
+    @mlir_kernel(loop_map("scale", t, f"%two = arith.constant 2.0 : {t}", f"%r = arith.mulf %v, %two : {t}",
+                          in_place=True))
     def scale(x): ...
 
     base = data(10, dtype)
@@ -235,31 +222,15 @@ def test_in_place_write_to_a_copied_view_is_copied_back(dtype):
     np.testing.assert_array_equal(base, expected)
 
 
-ACCUMULATE = """
-func.func @acc(%a: memref<?x{t}>, %b: memref<?x{t}>) {{
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
-  %n = memref.dim %a, %c0 : memref<?x{t}>
-  scf.for %i = %c0 to %n step %c1 {{
-    %x = memref.load %a[%i] : memref<?x{t}>
-    %y = memref.load %b[%i] : memref<?x{t}>
-    %s = arith.addf %x, %y : {t}
-    memref.store %s, %b[%i] : memref<?x{t}>
-  }}
-  return
-}}
-"""
-
-
 def test_same_view_passed_twice_stays_one_buffer(dtype):
-    @mlir_kernel(ACCUMULATE.format(t=MLIR[dtype]))
-    def acc(a, b): ...
+    @mlir_kernel(kernels.accumulate(MLIR[dtype]))
+    def accumulate(a, b): ...
 
     base = data(12, dtype)
     expected = base.copy()
     view = expected[1::2]
     view += view
-    acc(base[1::2], base[1::2])
+    accumulate(base[1::2], base[1::2])
     np.testing.assert_array_equal(base, expected)
 
 

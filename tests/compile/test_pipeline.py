@@ -6,6 +6,8 @@ import numpy as np
 
 from memkernel import mlir_kernel
 
+from ..kernels import TILE_ADDS_BY_4
+
 ADD_A_COMPLEX_CONSTANT = """
 func.func @add_constant(%x: memref<3xcomplex<f32>>, %y: memref<3xcomplex<f32>>) {
   %c = arith.constant dense<(1.0, 5.0)> : tensor<3xcomplex<f32>>
@@ -18,15 +20,7 @@ TILED_DOUBLE = """
 func.func @double(%x: memref<10xf32>, %y: memref<10xf32>) {
   linalg.add ins(%x, %x : memref<10xf32>, memref<10xf32>) outs(%y : memref<10xf32>)
   return
-}
-module attributes {transform.with_named_sequence} {
-  transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {
-    %add = transform.structured.match ops{["linalg.add"]} in %root : (!transform.any_op) -> !transform.any_op
-    %tiled, %loop = transform.structured.tile_using_for %add tile_sizes [4]
-      : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
-    transform.yield
-  }
-}"""
+}""" + TILE_ADDS_BY_4
 
 LOWER_WITH_THE_INTERPRETER = (
     "builtin.module(transform-interpreter,convert-linalg-to-loops,convert-scf-to-cf,expand-strided-metadata,"

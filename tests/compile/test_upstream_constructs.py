@@ -23,6 +23,8 @@ from memkernel.analysis.types import read_signature
 from memkernel.model.signature import ScalarSpec, Signature
 from memkernel.analysis.source import MLIR_LOCK, parse_source
 
+from ..kernels import TILE_ADDS_BY_4
+
 # -- transform schedules in the module -------------------------------------------------------
 
 TILED_ADD = """
@@ -30,16 +32,7 @@ func.func @add(%a: tensor<10xf32>, %b: tensor<10xf32>) -> tensor<10xf32> {
   %empty = tensor.empty() : tensor<10xf32>
   %sum = linalg.add ins(%a, %b : tensor<10xf32>, tensor<10xf32>) outs(%empty : tensor<10xf32>) -> tensor<10xf32>
   return %sum : tensor<10xf32>
-}
-module attributes {transform.with_named_sequence} {
-  transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {
-    %add = transform.structured.match ops{["linalg.add"]} in %root : (!transform.any_op) -> !transform.any_op
-    %tiled, %loop = transform.structured.tile_using_for %add tile_sizes [4]
-      : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
-    transform.yield
-  }
-}
-"""
+}""" + TILE_ADDS_BY_4
 
 
 def test_a_named_sequence_in_the_module_is_applied_then_erased() -> None:

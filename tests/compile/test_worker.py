@@ -21,6 +21,7 @@ from memkernel import ArgumentError, CompileError, mlir_kernel
 
 from ..kernels import elementwise
 from ..processes import run_python
+from ..threads import run_together
 
 REPO = str(Path(__file__).resolve().parents[2])
 
@@ -136,11 +137,7 @@ def test_kernels_compile_from_two_threads_at_once():
         except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
             errors.append(exc)
 
-    threads = [threading.Thread(target=compile_one, args=(k,)) for k in kernels * 2]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_together(compile_one, kernels * 2)
     assert errors == []
     check_add(kernels[0])
     a = np.arange(20.0)
@@ -311,11 +308,7 @@ def test_workers_busy_while_others_were_asked_for_end_once_idle():
         except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
             errors.append(exc)
 
-    threads = [threading.Thread(target=compile_with, args=(options,)) for options in OPTION_SETS]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_together(compile_with, OPTION_SETS)
     assert errors == []
     running = [options for options in compile_worker._workers if compile_worker._workers[options].pid() is not None]
     assert len(running) <= compile_worker.KEEP_RUNNING

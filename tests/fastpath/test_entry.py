@@ -19,7 +19,7 @@ from memkernel import ArgumentError, Kernel, MemkernelError, ShapeError, mlir_ke
 
 from memkernel.call import allocation
 
-from ..kernels import elementwise, total
+from ..kernels import elementwise, loop_map, total
 from .conftest import HAS_ENTRIES, with_fast_path
 
 pytestmark = pytest.mark.skipif(not HAS_ENTRIES, reason="Python 3.10 exports no PyObject_Vectorcall: no compiled "
@@ -46,19 +46,8 @@ func.func @too_big(%x: memref<?xf32>, %y: memref<4611686018427387904xf32>) {
   return
 }"""
 
-INCREMENT = """
-func.func @increment(%x: memref<?xi64>) {
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
-  %n = memref.dim %x, %c0 : memref<?xi64>
-  %one = arith.constant 1 : i64
-  scf.for %i = %c0 to %n step %c1 {
-    %v = memref.load %x[%i] : memref<?xi64>
-    %w = arith.addi %v, %one : i64
-    memref.store %w, %x[%i] : memref<?xi64>
-  }
-  return
-}"""
+INCREMENT = loop_map("increment", "i64", "%one = arith.constant 1 : i64", "%r = arith.addi %v, %one : i64",
+                     in_place=True)
 
 TOTAL = total()
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from memkernel import Kernel, MemkernelError, mlir_kernel
 
-from ..kernels import elementwise, strided_window
+from ..kernels import elementwise, loop_map, strided_window
 from .conftest import HAS_ENTRIES, with_fast_path
 
 try:
@@ -64,19 +64,6 @@ func.func @scale(%x: memref<?x?xf64, strided<[?, ?], offset: ?>>, %s: f64,
 SHIFTED = """
 func.func @shifted(%x: memref<3x4xf32, strided<[4, 1], offset: 2>>, %y: memref<3x4xf32>) {
   linalg.copy ins(%x : memref<3x4xf32, strided<[4, 1], offset: 2>>) outs(%y : memref<3x4xf32>)
-  return
-}"""
-
-INCREMENT = """
-func.func @increment(%x: memref<?xi64>, %by: i64) {
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
-  %n = memref.dim %x, %c0 : memref<?xi64>
-  scf.for %i = %c0 to %n step %c1 {
-    %v = memref.load %x[%i] : memref<?xi64>
-    %w = arith.addi %v, %by : i64
-    memref.store %w, %x[%i] : memref<?xi64>
-  }
   return
 }"""
 
@@ -285,7 +272,8 @@ def shifted():
 
 @pytest.fixture(scope="module")
 def increment():
-    return pair(INCREMENT, "increment", lambda x, by: None)
+    source = loop_map("increment", "i64", "%r = arith.addi %v, %by : i64", scalar="%by: i64", in_place=True)
+    return pair(source, "increment", lambda x, by: None)
 
 
 @EXAMPLES

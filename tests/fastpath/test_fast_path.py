@@ -10,22 +10,11 @@ import pytest
 from memkernel import ArgumentError, ShapeError, ValueRangeError, mlir_kernel
 from memkernel.fastpath.abi import fast_path_supported
 
-from ..kernels import WAIT_FOR_FLAG, elementwise, strided_window
+from ..kernels import WAIT_FOR_FLAG, axpy, elementwise, strided_window
 from ..processes import run_python
 from .conftest import with_fast_path
 
-AXPY = """
-func.func @axpy(%alpha: {t}, %x: memref<?x{t}>, %y: memref<?x{t}>) {{
-  linalg.generic {{indexing_maps = [affine_map<(i) -> (i)>, affine_map<(i) -> (i)>],
-                  iterator_types = ["parallel"]}}
-      ins(%x : memref<?x{t}>) outs(%y : memref<?x{t}>) {{
-  ^bb0(%a: {t}, %b: {t}):
-    %m = arith.mulf %alpha, %a : {t}
-    %s = arith.addf %m, %b : {t}
-    linalg.yield %s : {t}
-  }}
-  return
-}}"""
+AXPY_F32 = axpy("f32", in_place=True)
 
 SUM_AND_SHIFT = """
 func.func @stats(%x: memref<?xi64>, %shift: i8, %flag: i1) -> (i64, i8, i1) {
@@ -55,7 +44,7 @@ def add():
 
 @pytest.fixture(scope="module")
 def axpy32():
-    @mlir_kernel(AXPY.format(t="f32"))
+    @mlir_kernel(AXPY_F32)
     def axpy(alpha, x, y): ...
 
     return with_fast_path(axpy)

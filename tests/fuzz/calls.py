@@ -18,6 +18,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..kernels import elementwise
+
 SENTINEL = 0x5A
 
 
@@ -54,18 +56,7 @@ class KernelCase:
         add, mul, sub = ("arith.addf", "arith.mulf", "arith.subf") if floating else \
             ("arith.addi", "arith.muli", "arith.subi")
         if self.kind == "binary":
-            dims = ", ".join(f"d{i}" for i in range(self.rank))
-            amap = f"affine_map<({dims}) -> ({dims})>"
-            iterators = ", ".join(['"parallel"'] * self.rank)
-            return f"""func.func @k(%a: {m}, %b: {m}, %c: {m}) {{
-  linalg.generic {{indexing_maps = [{amap}, {amap}, {amap}], iterator_types = [{iterators}]}}
-      ins(%a, %b : {m}, {m}) outs(%c : {m}) {{
-  ^bb0(%x: {t}, %y: {t}, %z: {t}):
-    %r = {add} %x, %y : {t}
-    linalg.yield %r : {t}
-  }}
-  return
-}}"""
+            return elementwise(add, m, t, self.rank)
         if self.kind == "matmul":
             m2 = self.memref((None, None))
             return f"""func.func @k(%a: {m2}, %b: {m2}, %c: {m2}) {{

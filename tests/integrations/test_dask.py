@@ -20,11 +20,9 @@ distributed = pytest.importorskip("distributed")
 memkernel_dask = pytest.importorskip("memkernel.dask")
 from memkernel.errors import ChunkingError  # noqa: E402
 
-MATMUL = """
-func.func @matmul(%a: memref<?x?xf32>, %b: memref<?x?xf32>, %c: memref<?x?xf32>) {
-  linalg.matmul ins(%a, %b : memref<?x?xf32>, memref<?x?xf32>) outs(%c : memref<?x?xf32>)
-  return
-}"""
+from ..kernels import MATMUL, axpy  # noqa: E402
+
+AXPY = axpy(rank=2)
 
 ADD = """
 func.func @add(%a: memref<?x?xf64>, %b: memref<?x?xf64>, %c: memref<?x?xf64>) {
@@ -35,20 +33,6 @@ func.func @add(%a: memref<?x?xf64>, %b: memref<?x?xf64>, %c: memref<?x?xf64>) {
 SUB = """
 func.func @sub(%a: memref<?x?xf64>, %b: memref<?x?xf64>, %c: memref<?x?xf64>) {
   linalg.sub ins(%a, %b : memref<?x?xf64>, memref<?x?xf64>) outs(%c : memref<?x?xf64>)
-  return
-}"""
-
-AXPY = """
-func.func @axpy(%alpha: f64, %x: memref<?x?xf64>, %y: memref<?x?xf64>, %out: memref<?x?xf64>) {
-  linalg.generic {indexing_maps = [affine_map<(i, j) -> (i, j)>, affine_map<(i, j) -> (i, j)>,
-                                   affine_map<(i, j) -> (i, j)>],
-                  iterator_types = ["parallel", "parallel"]}
-      ins(%x, %y : memref<?x?xf64>, memref<?x?xf64>) outs(%out : memref<?x?xf64>) {
-  ^bb0(%a: f64, %b: f64, %o: f64):
-    %m = arith.mulf %alpha, %a : f64
-    %s = arith.addf %m, %b : f64
-    linalg.yield %s : f64
-  }
   return
 }"""
 

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 import memkernel.isolate
+import memkernel.isolate.process
 from memkernel import (ArgumentError, CompileError, DTypeError, KernelAssertionError, KernelCrashed, KernelTimeout,
                        MemkernelError, ShapeError, SignatureError, mlir_kernel)
 
-from ..kernels import elementwise, total
+from ..kernels import FILL, MISSING_GLOBAL, WAIT_FOR_FLAG, elementwise, total
 from ..processes import REPO, run_python
-from ..test_checked import FILL
 
 POKE = """
 func.func @poke(%address: i64, %value: f32) {
@@ -272,6 +272,52 @@ def test_ctrl_c_ends_a_hanging_isolated_call_and_the_next_call_works(floats):
 # -- what the kernel writes -----------------------------------------------------------
 
 
+def test_timeout_alone_isolates_the_call():
+    spin = mlir_kernel(SPIN, timeout=2.0)(lambda n: None)
+    with pytest.raises(KernelTimeout):
+        spin(1)
+
+
+def test_an_isolated_kernel_that_forks_keeps_its_answers_in_step():
+    forking = mlir_kernel("""
+        llvm.func @fork() -> i32
+        func.func @f(%x: i64, %fork: i1) -> i64 {
+          scf.if %fork {
+            %pid = llvm.call @fork() : () -> i32
+          }
+          return %x : i64
+        }""", isolate=True, timeout=30)(lambda x, fork: None)
+    assert [forking(1, True), forking(2, False), forking(3, False)] == [1, 2, 3]
+
+
+def test_the_isolate_worker_outlives_the_thread_that_started_it():
+    """A worker started by a thread that then ends must not die in the middle of another thread's call."""
+    spin = mlir_kernel(WAIT_FOR_FLAG, isolate=True, cache=False)(lambda flag, limit: None)
+    flag = np.zeros(1, np.int32)
+    with memkernel.isolate.process.lock():  # this test's own worker, started by the thread below
+        if memkernel.isolate.process._worker is not None:
+            memkernel.isolate.process._worker.close()
+        memkernel.isolate.process._worker = None
+    go = threading.Event()
+
+    def start_then_end() -> None:
+        spin(flag, 1)
+        go.wait()
+
+    starter = threading.Thread(target=start_then_end)
+    starter.start()
+    while not spin.compiled:
+        time.sleep(0.01)
+    outcome: list[object] = []
+    caller = threading.Thread(target=lambda: outcome.append(spin(flag, 200_000_000)))
+    caller.start()
+    time.sleep(0.5)
+    go.set()  # the starting thread ends while the other call runs in the worker
+    starter.join()
+    caller.join(timeout=120)
+    assert outcome == [200_000_000]
+
+
 @pytest.mark.parametrize("isolate", [True, False])
 def test_the_writes_before_a_failed_check_reach_the_callers_array(isolate):
     fill = mlir_kernel(FILL, checked=True, isolate=isolate)(lambda y, n: None)
@@ -506,14 +552,7 @@ def test_errors_are_raised_as_without_isolation(make, arguments, error):
 
 
 def test_a_compile_error_in_the_worker_is_raised_in_the_caller():
-    source = """
-memref.global @missing_table : memref<4xf32>
-func.func @k(%o: memref<4xf32>) {
-  %g = memref.get_global @missing_table : memref<4xf32>
-  memref.copy %g, %o : memref<4xf32> to memref<4xf32>
-  return
-}"""
-    kernels = [mlir_kernel(source, isolate=isolate, cache=False)(lambda: None) for isolate in (True, False)]
+    kernels = [mlir_kernel(MISSING_GLOBAL, isolate=isolate, cache=False)(lambda: None) for isolate in (True, False)]
     isolated, in_process = (message_of(kernel) for kernel in kernels)
     assert isolated[0] is in_process[0] is CompileError
     assert "Symbols not found: [ missing_table ]" in isolated[1]

@@ -1,7 +1,7 @@
 """Every supported element type through memref arguments and outputs.
 
 References are numpy / ml_dtypes: expected dtypes come from the table below
-(written independently of memkernel/dtypes.py), expected values from numpy or
+(written independently of memkernel/model/dtypes.py), expected values from numpy or
 ml_dtypes arithmetic on the inputs.
 """
 
@@ -17,6 +17,7 @@ import pytest
 import memkernel
 from memkernel import mlir_kernel
 
+from ..kernels import elementwise
 from ..types import ALL_TYPES, COMPLEX, FLOATS, SIGNED, SIGNLESS, UNSIGNED
 
 _BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -55,22 +56,7 @@ func.func @copy(%a: {m}, %b: {m}) {{
 @functools.lru_cache(maxsize=None)
 def binary_kernel(op: str, t: str, rank: int = 1):
     """c = a <op> b element-wise; ``op`` is the MLIR op name (arith.addf, complex.mul, ...)."""
-    m = f"memref<{'?x' * rank}{t}>"
-    dims = ", ".join(f"d{i}" for i in range(rank))
-    amap = f"affine_map<({dims}) -> ({dims})>"
-    iters = ", ".join(['"parallel"'] * rank)
-    src = f"""
-func.func @binop(%a: {m}, %b: {m}, %c: {m}) {{
-  linalg.generic {{indexing_maps = [{amap}, {amap}, {amap}], iterator_types = [{iters}]}}
-      ins(%a, %b : {m}, {m}) outs(%c : {m}) {{
-    ^bb0(%x: {t}, %y: {t}, %z: {t}):
-      %r = {op} %x, %y : {t}
-      linalg.yield %r : {t}
-  }}
-  return
-}}"""
-
-    @mlir_kernel(src)
+    @mlir_kernel(elementwise(op, f"memref<{'?x' * rank}{t}>", t, rank, name="binop"))
     def binop(a, b):
         return None
 

@@ -114,21 +114,10 @@ def test_kernels_with_different_signatures_are_refused(add):
 def test_each_kernel_gets_its_own_copy_of_the_arguments():
     # Both kernels write x in place. Had they shared the arrays, both would be judged by the same
     # array after both calls, and doubling would pass for tripling.
-    double_source = """
-func.func @double(%x: memref<?xf32>) {
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
-  %n = memref.dim %x, %c0 : memref<?xf32>
-  scf.for %i = %c0 to %n step %c1 {
-    %v = memref.load %x[%i] : memref<?xf32>
-    %r = arith.addf %v, %v : f32
-    memref.store %r, %x[%i] : memref<?xf32>
-  }
-  return
-}"""
+    double_source = kernels.loop_map("double", "f32", "%r = arith.addf %v, %v : f32", in_place=True)
     double = mlir_kernel(double_source)(lambda x: None)
-    triple_source = double_source.replace("@double", "@triple").replace(
-        "%r = arith.addf %v, %v : f32", "%w = arith.addf %v, %v : f32\n    %r = arith.addf %w, %v : f32")
+    triple_source = kernels.loop_map("triple", "f32", "%w = arith.addf %v, %v : f32", "%r = arith.addf %w, %v : f32",
+                                     in_place=True)
     triple = mlir_kernel(triple_source)(lambda x: None)
     message = _failure(double, triple, examples=50)
     assert "  argument 'x' after the call differs from the reference in 1 of 1 elements\n" in message

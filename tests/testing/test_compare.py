@@ -15,7 +15,7 @@ from memkernel import mlir_kernel
 from memkernel.testing import assert_matches, default_tolerance, layout_copy
 
 from .. import kernels
-from .test_strategies import conv_reference, conv_shape
+from ..kernels import conv_reference, conv_shape
 
 F32 = np.float32
 

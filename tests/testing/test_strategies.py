@@ -13,6 +13,7 @@ from memkernel.testing import arguments, assert_matches
 from memkernel.testing.strategies import laid_out
 
 from .. import kernels
+from ..kernels import conv_reference, conv_shape
 
 FAST = settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -27,22 +28,9 @@ def matmul():
     return mlir_kernel(kernels.MATMUL)(lambda a, b: None)
 
 
-def conv_shape(i, f):
-    return (i.shape[0], max(0, i.shape[1] - f.shape[0] + 1), max(0, i.shape[2] - f.shape[1] + 1), f.shape[3])
-
-
 @pytest.fixture(scope="module")
 def conv():
     return mlir_kernel(kernels.CONV, name="conv")(conv_shape)
-
-
-def conv_reference(i, f):
-    out = np.zeros(conv_shape(i, f), np.float32)
-    oh, ow = out.shape[1:3]
-    for y in range(f.shape[0]):
-        for x in range(f.shape[1]):
-            out += np.einsum("nhwc,cf->nhwf", i[:, y:y + oh, x:x + ow, :], f[y, x])
-    return out
 
 
 def _draws(strategy, count=60):

