@@ -20,6 +20,7 @@ import argparse
 import contextlib
 import ctypes
 import functools
+import importlib
 import platform
 import statistics
 import subprocess
@@ -431,6 +432,38 @@ def overhead_rows(settings: Settings) -> list[Row]:
     ]
     return (compare(f"call overhead, {SMALL}×f32, out=", into, expected, settings, microseconds)
             + compare(f"call overhead, {SMALL}×f32, allocating", allocating, expected, settings, microseconds))
+
+
+def tensor_rows(settings: Settings) -> list[Row]:
+    """The add kernel on 16 float32s of torch tensors and JAX arrays, against torch's and jax.numpy's add."""
+    rows: list[Row] = []
+    a, b, _ = operands(SMALL)
+    expected = a + b
+    kernel = add_kernel()
+    if not installed("torch"):
+        rows += [not_installed(f"torch, {SMALL}×f32, {form}", variant) for form, variant in
+                 (("out=", "torch.add(a, b, out=c)"), ("out=", "memkernel add(a, b, out=c)"),
+                  ("allocating", "torch.add(a, b)"), ("allocating", "memkernel add(a, b)"))]
+    else:
+        torch = importlib.import_module("torch")
+        ta, tb, tc = torch.from_numpy(a.copy()), torch.from_numpy(b.copy()), torch.zeros(SMALL)
+        rows += compare(f"torch, {SMALL}×f32, out=", [
+            Case("torch.add(a, b, out=c)", lambda: torch.add(ta, tb, out=tc), tc.numpy()),
+            Case("memkernel add(a, b, out=c)", lambda: kernel(ta, tb, out=tc), tc.numpy(), Target(1.0)),
+        ], expected, settings, microseconds)
+        rows += compare(f"torch, {SMALL}×f32, allocating", [
+            Case("torch.add(a, b)", lambda: torch.add(ta, tb)),
+            Case("memkernel add(a, b)", lambda: kernel(ta, tb)),
+        ], expected, settings, microseconds)
+    if not installed("jax"):
+        return rows + [not_installed(f"JAX, {SMALL}×f32, allocating", variant)
+                       for variant in ("jnp.add(a, b)", "memkernel add(a, b)")]
+    jnp = importlib.import_module("jax.numpy")
+    ja, jb = jnp.asarray(a), jnp.asarray(b)
+    return rows + compare(f"JAX, {SMALL}×f32, allocating", [
+        Case("jnp.add(a, b)", lambda: jnp.add(ja, jb).block_until_ready()),
+        Case("memkernel add(a, b)", lambda: kernel(ja, jb)),
+    ], expected, settings, microseconds)
 
 
 def bandwidth_rows(settings: Settings) -> list[Row]:
@@ -1017,7 +1050,10 @@ NOTES = """\
   for the rows shown in GB/s or GFLOP/s (throughput / numpy's, higher is better), the
   parallel rows (exp: time / serial time; the matmul's first group: throughput / the
   serial kernel's) and compile time (see its rows).
-- Targets: memkernel `out=` ≤ 1× `np.add(out=)`; allocating ≤ 1.5× `np.add`; add bandwidth
+- torch and JAX rows: the kernel called on torch tensors (JAX arrays), which it reads through
+  DLPack; the ratio is time / torch's (jax.numpy's) add on the same arrays, and the JAX call
+  returns a JAX array holding a copy of the output (`jnp.asarray`).
+- Targets: memkernel `out=` ≤ 1× `np.add(out=)`, and ≤ 1× `torch.add(out=)` on tensors; allocating ≤ 1.5× `np.add`; add bandwidth
   ≥ 0.9 of numpy with either pipeline; sum with `pipeline="fast"` ≥ 0.9 of `x.sum()`;
   matmul 512³ f32 with `pipeline="fast"` ≥ 0.95 of numpy (static shapes) and ≥ 0.9 (dynamic,
   on either alignment); the other matmul shapes ≥ 0.8; the convolution with
@@ -1082,7 +1118,7 @@ def markdown(rows: Sequence[Row], info: str, command: str) -> str:
 
 
 SECTIONS: dict[str, Callable[[Settings], list[Row]]] = {
-    "overhead": overhead_rows, "bandwidth": bandwidth_rows, "sum": sum_rows, "matmul": matmul_rows,
+    "overhead": overhead_rows, "tensors": tensor_rows, "bandwidth": bandwidth_rows, "sum": sum_rows, "matmul": matmul_rows,
     "matmul-shapes": odd_matmul_rows, "conv": conv_rows, "parallel": parallel_rows, "gufunc": gufunc_rows,
     "torch": torch_rows, "jax": jax_rows,
     "compile": compile_rows, "startup": startup_rows, "compile-threads": compile_threads_rows,

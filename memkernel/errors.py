@@ -37,6 +37,11 @@ class ArgumentError(MemkernelError, TypeError):
     """A call passed the wrong arguments: their number, names, dtypes or ranks."""
 
 
+class DTypeError(ArgumentError):
+    """An array argument's dtype is not one its memref's element type takes (a ``float64`` tensor for
+    ``memref<?xf32>``)."""
+
+
 class ShapeError(MemkernelError, ValueError):
     """A static dimension does not match, or an output shape cannot be derived."""
 

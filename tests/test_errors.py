@@ -12,6 +12,7 @@ import pytest
 from memkernel import (
     ArgumentError,
     CompileError,
+    DTypeError,
     MemkernelError,
     MissingDependencyError,
     MLIRSyntaxError,
@@ -28,6 +29,7 @@ BUILTIN = {
     SignatureError: TypeError,
     CompileError: RuntimeError,
     ArgumentError: TypeError,
+    DTypeError: TypeError,
     ShapeError: ValueError,
     ValueRangeError: ValueError,
     MissingDependencyError: ImportError,
@@ -397,10 +399,10 @@ def test_wrong_arguments_show_the_call_signature(args, kwargs, problem):
 
 
 @pytest.mark.parametrize("b_dtype", [np.float64, np.int32, np.float16])
-def test_wrong_dtype(b_dtype):
+def test_wrong_dtype_is_a_dtype_error(b_dtype):
     b = np.ones((3, 5), b_dtype)
     got = f"got {np.dtype(b_dtype).name}[3, 5]"
-    with raises(ArgumentError, match=esc("matmul(): argument 'b' expects memref<?x4xf32> (float32")
+    with raises(DTypeError, match=esc("matmul(): argument 'b' expects memref<?x4xf32> (float32")
                 + ".*" + esc(got) + ".*" + esc("b.astype(np.float32)")):
         matmul(A, b)
 

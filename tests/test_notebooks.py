@@ -172,7 +172,7 @@ def test_printed_memref_and_vector_show_in_the_cell_in_order(tagged):
 def test_each_error_is_shown_with_its_builtin_and_message(tagged):
     shown = stream_text(tagged["errors"])
     for expected in (
-        "ArgumentError (TypeError): add(): argument 'b' expects memref<?xf32> (float32, 1-d); got float64[5]. "
+        "DTypeError (TypeError): add(): argument 'b' expects memref<?xf32> (float32, 1-d); got float64[5]. "
         "Pass b.astype(np.float32).",
         "ArgumentError (TypeError): add(): argument 'b' expects memref<?xf32> (float32, 1-d); got float32[5, 1].",
         "missing argument 'b'",
@@ -302,3 +302,21 @@ def test_a_performance_plot_is_drawn_with_its_timings(tagged, tag, described, un
     assert described in shown
     measured = timings(shown, unit)
     assert len(measured) == n_timings and all(t > 0 for t in measured)
+
+
+def test_torch_tensors_come_back_as_tensors_and_errors_speak_torch(tagged):
+    pytest.importorskip("torch", reason="torch is not installed: memkernel[test] installs it on Python 3.11 only")
+    shown = lines(tagged, "torch-tensors")
+    assert shown[:3] == ["Tensor [0.5, 1.5, 2.5, 3.5, 4.5] matches torch: True", "out= returns the tensor itself: True",
+                         "mixed with numpy, numpy comes back: ndarray"]
+    assert shown[3] == ("DTypeError: add(): argument 'a' expects memref<?xf32> (float32, 1-d); got torch.Tensor "
+                        "float64[5]. Pass a.to(torch.float32).")
+    assert shown[4].startswith("ArgumentError: add(): argument 'out' expects memref<?xf32>; got a torch.Tensor that "
+                               "requires grad")
+
+
+def test_jax_arrays_come_back_as_jax_arrays_and_cannot_be_written(tagged):
+    pytest.importorskip("jax", reason="JAX is not installed: memkernel[test] installs it on Python 3.11 only")
+    shown = lines(tagged, "jax-arrays")
+    assert shown[0] == "a jax.Array: True [0.0, 2.0, 4.0, 6.0, 8.0] matches jax.numpy: True"
+    assert "JAX arrays are immutable" in shown[1]

@@ -14,17 +14,18 @@ view passed twice stays one buffer.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ..errors import ArgumentError, ShapeError, ValueRangeError
+from ..errors import ArgumentError, DTypeError, ShapeError, ValueRangeError
 from ..model.contract import BufferContract, Contract, ScalarContract
 from ..model.dtypes import ElementType, describe_dtype, dtype_expression
-from . import descriptors, scalars
+from . import descriptors, dlpack, scalars
 from .allocation import allocation_error
+from .dlpack import NUMPY, Library, library_of, speaks_dlpack
 from .descriptors import contiguous_strides, data_pointer, element_strides, is_array, plain_array
 
 _ADDRESS_MASK = (1 << 64) - 1
@@ -100,8 +101,9 @@ class Binder:
         """``struct`` format of the values :meth:`pack` returns."""
         raise NotImplementedError
 
-    def check(self, value: Any, state: CallState) -> Any:
-        """``value`` converted once and checked; raise the error that explains it if wrong."""
+    def check(self, value: Any, state: CallState, imported: tuple[np.ndarray, Library] | None = None) -> Any:
+        """``value`` converted once and checked; raise the error that explains it if wrong. ``imported``:
+        ``value``, an array of another library, as :func:`import_arrays` read it."""
         raise NotImplementedError
 
     def pack(self, checked: Any, state: CallState) -> tuple[Any, ...]:
@@ -119,7 +121,8 @@ class ScalarBinder(Binder):
     def struct_format(self) -> str:
         return self.contract.element.struct_format
 
-    def check(self, value: Any, state: CallState) -> tuple[Any, ...]:
+    def check(self, value: Any, state: CallState, imported: tuple[np.ndarray, Library] | None = None
+              ) -> tuple[Any, ...]:
         try:
             return scalars.encode(value, self.contract.element)
         except scalars.ScalarValueError as exc:
@@ -143,16 +146,20 @@ class _BufferBinder(Binder):
     def _where(self) -> str:
         return self.contract.where()
 
-    def check(self, value: Any, state: CallState) -> np.ndarray:
+    def check(self, value: Any, state: CallState, imported: tuple[np.ndarray, Library] | None = None) -> np.ndarray:
         contract = self.contract
         if isinstance(value, np.ma.MaskedArray):
             raise ArgumentError(
                 f"{self._where()}; got a masked array {describe_value(value)}. A kernel does not see masks: "
                 f"pass {self.name}.filled(fill_value) or np.ma.getdata({self.name})."
             )
+        library = NUMPY
         if is_array(value):
             # Every later check and the descriptor read the C fields, never a subclass's properties.
             array = plain_array(value)
+        elif speaks_dlpack(value):
+            # A torch tensor, a JAX array: its memory as an ndarray, checked from here on as numpy's are.
+            array, library = imported or self.imported(value, state)
         elif contract.needs_writeable:
             why = "an output" if contract.is_output else "an argument the kernel may write"
             raise ArgumentError(
@@ -168,18 +175,41 @@ class _BufferBinder(Binder):
                 f"{self.name}.astype({dtype_expression(self.element.dtype)}) to get native byte order."
             )
         if array.dtype not in contract.dtypes:
-            raise ArgumentError(
-                f"{self._where()} ({contract.expectation()}); got {describe_value(array)}. "
-                f"Pass {self.name}.astype({dtype_expression(self.element.dtype)}){self._shape_fix(array)}."
+            raise DTypeError(
+                f"{self._where()} ({contract.expectation()}); got {self._described(array, library)}. "
+                f"Pass {library.astype(self.name, self.element.dtype)}{self._shape_fix(array)}."
             )
         if not array.flags.writeable and contract.needs_writeable:
             where = "as out=" if contract.is_output else "for an argument the kernel may write"
+            if library is not NUMPY:
+                raise ArgumentError(f"{self._where()}; got a read-only {self._described(array, library)} {where}: "
+                                    f"{dlpack.read_only_reason(value, library, self.name)}.")
             raise ArgumentError(
                 f"{self._where()}; got a read-only array {describe_value(array)} {where}. "
                 f"Pass a writable array, e.g. {self.name}.copy()."
             )
         self._check_shape(array)
         return array
+
+    def asked(self, value: Any) -> tuple[Library, bool]:
+        """Ask ``value``, an array of another library, what must be known before its memory is read (see
+        :func:`memkernel.call.dlpack.ask`): its library, and whether it is read only."""
+        library = library_of(value)
+        return library, dlpack.ask(value, self._where(), self.name, library)
+
+    def imported(self, value: Any, state: CallState, asked: tuple[Library, bool] | None = None
+                 ) -> tuple[np.ndarray, Library]:
+        """``value``, an array of another library, as an ndarray of its memory that the call keeps alive."""
+        library, read_only = asked or self.asked(value)
+        array = dlpack.imported(value, self._where(), self.name, library, read_only)
+        state.keep.append(array)
+        return array, library
+
+    @staticmethod
+    def _described(array: np.ndarray, library: Library) -> str:
+        """``float64[3]``, or ``torch.Tensor float64[3]`` for another library's array."""
+        shown = describe_value(array)
+        return shown if library is NUMPY else f"{library.described} {shown}"
 
     def _shape_fix(self, array: np.ndarray) -> str:
         return ""
@@ -340,6 +370,24 @@ class UnrankedBinder(_BufferBinder):
         ranked.pack_into(buffer, 0, *fields)
         state.keep.append(buffer)
         return (array.ndim, ctypes.addressof(buffer))
+
+
+def import_arrays(binders: Sequence[Binder], values: Sequence[Any], state: CallState
+                  ) -> dict[int, tuple[np.ndarray, Library]]:
+    """The arrays of other libraries among ``values`` (``binders``' arguments; None for an output to allocate),
+    by position, each read as an ndarray of its memory.
+
+    Everything that may run Python code, which could resize or free an argument's memory, comes before any
+    torch tensor is read: each argument's device and torch flags are asked first, then other libraries' arrays
+    are read (their ``__dlpack__`` is Python code), torch tensors last, through torch's C export. numpy arrays
+    cannot be resized while the call holds them.
+    """
+    asked = []
+    for i, (binder, value) in enumerate(zip(binders, values)):
+        if isinstance(binder, _BufferBinder) and speaks_dlpack(value):
+            asked.append((i, binder, value, binder.asked(value)))
+    asked.sort(key=lambda entry: entry[3][0].name == "torch")
+    return {i: binder.imported(value, state, answers) for i, binder, value, answers in asked}
 
 
 def binder_for(contract: Contract) -> Binder:

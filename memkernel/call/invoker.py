@@ -21,8 +21,10 @@ from .. import stdio
 from ..errors import ArgumentError
 from ..fastpath.builtin import FastFunction, entry_builtin
 from ..fastpath.symbols import CallPath
+from ..model.contract import BufferContract
 from ..model.kernel_spec import KernelSpec
 from .allocation import OutputAllocator
+from .dlpack import callers_library, returned_as
 from .plan import CallPlan
 
 Run = Callable[[tuple[Any, ...], tuple[Any, ...]], Any]
@@ -96,6 +98,8 @@ class Invoker:
         # An in-place kernel may name a parameter 'out': then out= is that parameter.
         self._out_is_a_parameter = spec.n_outputs == 0 and any(p.name == "out" for p in spec.parameters)
         self._assemble = _assemble(spec.n_outputs, bool(spec.signature.results))
+        self._array_inputs = tuple(c.index for c in spec.contracts[:spec.n_inputs] if isinstance(c, BufferContract))
+        """The inputs that are memrefs: what decides the type of the arrays a call returns (see _checked)."""
         self._run = wrap(self._fast_then_checked if fast is not None else self._checked)
         self.entry = None
         if fast is not None and fast.entry_address and self._run == self._fast_then_checked:
@@ -105,7 +109,9 @@ class Invoker:
     def running(cls, spec: KernelSpec, allocator: OutputAllocator, run: Run) -> Invoker:
         """An invoker whose calls, bound and with their outputs given, go to ``run`` (an isolated call): it has
         neither a checked plan nor a fast path of its own."""
-        return cls(spec, None, None, allocator, lambda _: run)
+        invoker = cls(spec, None, None, allocator, lambda _: run)
+        invoker._run = lambda args, given: invoker._as_callers(run(args, given), args, given)
+        return invoker
 
     @property
     def last_path(self) -> Literal["fast", "checked"] | None:
@@ -150,14 +156,27 @@ class Invoker:
             results = self.fast(args, outputs)
             if results is not None:
                 self._path[0] = CallPath.FAST
-                return self._assemble(outputs, results)
+                return self._as_callers(self._assemble(outputs, results), args, given)
         return self._checked(args, given)
 
     def _checked(self, args: tuple[Any, ...], given: tuple[Any, ...]) -> Any:
         self._path[0] = CallPath.CHECKED
         assert self.plan is not None
         outputs, results = self.plan.call(args, given)
-        return self._assemble(outputs, results)
+        return self._as_callers(self._assemble(outputs, results), args, given)
+
+    def _as_callers(self, returned: Any, args: tuple[Any, ...], given: tuple[Any, ...]) -> Any:
+        """What a call returns, its new arrays made the caller's type when every array argument is a torch tensor
+        or every one a JAX array (see :mod:`memkernel.call.dlpack`)."""
+        arrays = [args[i] for i in self._array_inputs] + [g for g in given if g is not None]
+        if all(type(a) is np.ndarray for a in arrays):
+            return returned
+        library = callers_library(arrays)
+        if library is None:
+            return returned
+        if library == "torch" and self.fast is not None:
+            self.fast.adopt_torch()  # torch is imported: the compiled code reads tensors from the next call on
+        return returned_as(library, returned)
 
     def _allocated(self, args: tuple[Any, ...], given: tuple[Any, ...]) -> tuple[Any, ...] | None:
         """The outputs for the fast path to try; None when they cannot be allocated from ``args`` as given.

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .allocation import OutputAllocator, allocation_error
-from .binders import Binder, CallState, ScalarBinder
+from .binders import Binder, CallState, ScalarBinder, import_arrays
 from .descriptors import align
 from .interrupts import HeldInterrupts
 from .results import ResultReader
@@ -69,14 +69,19 @@ class ArgumentCheck:
         """Check and convert each input of ``args``, allocate the outputs ``given`` leaves out (None) from them,
         check each output and the shape rules; the call's state, the checked arguments and the outputs."""
         state = CallState()
-        checked = [binder.check(value, state) for binder, value in zip(self._inputs, args)]
+        everything = self._inputs + self._outputs
+        arrays = [v for b, v in zip(everything, args + given) if not isinstance(b, ScalarBinder)]
+        foreign = {} if all(type(v) is np.ndarray for v in arrays) else import_arrays(everything, args + given, state)
+        checked = [binder.check(value, state, foreign.get(i)) for i, (binder, value) in enumerate(zip(self._inputs, args))]
         if any(g is None for g in given):
             shown = tuple(c if not isinstance(b, ScalarBinder) else v
                           for b, c, v in zip(self._inputs, checked, args))
             outputs = self._allocator.allocate(shown, given)
         else:
             outputs = given
-        checked += [binder.check(value, state) for binder, value in zip(self._outputs, outputs)]
+        n = len(self._inputs)
+        checked += [binder.check(value, state, foreign.get(n + i))
+                    for i, (binder, value) in enumerate(zip(self._outputs, outputs))]
         self._shapes.check(self._kernel, self._names,
                            [None if isinstance(b, ScalarBinder) else c.shape
                             for b, c in zip(self._inputs + self._outputs, checked)],

@@ -1,8 +1,8 @@
 """The fast path: a marshalling function compiled into the kernel's own module.
 
-For the common call (exact ndarrays of the right dtype, rank and static dims,
-contiguous where the layout needs it; Python floats, ints and bools for
-scalars) a Python-level call costs several microseconds of checks and
+For the common call (exact ndarrays or torch tensors of the right dtype, rank
+and static dims, contiguous where the layout needs it; Python floats, ints and
+bools for scalars) a Python-level call costs several microseconds of checks and
 descriptor packing. This module writes, in the LLVM dialect, a CPython
 ``METH_FASTCALL`` function
 
@@ -17,6 +17,14 @@ its results. It returns the ``done`` object when it ran the kernel, and the
 the caller then takes the checked Python path, which handles (or explains)
 everything else. The fast path never accepts a value the Python path would
 refuse or convert.
+
+A torch tensor (exactly ``torch.Tensor``, once torch is imported: see
+:mod:`memkernel.fastpath.torch_tensors`) is read through torch's DLPack exchange
+API into a ``DLTensor`` on the stack, after every tensor argument has been asked
+what DLPack does not say (``requires_grad``, ``is_neg()``, ``is_conj()``,
+``is_inference()``), so that Python code those questions may run comes before
+any argument's memory is read. The compiled entry allocates the output of a call
+whose inputs are all tensors as a torch tensor, through the same API.
 
 It calls the kernel through ``__memkernel_run_<name>`` (defined when the module
 is compiled, see :func:`memkernel.compile.guard.runner`), with a guard frame on
@@ -58,6 +66,10 @@ from ..model.signature import ArgSpec, MemRefSpec, ScalarSpec, UnrankedSpec
 from ..fastpath.abi import LAYOUT, has_c_function
 from ..fastpath.constants import FIRST_DTYPE, Slot
 from ..fastpath.symbols import CallPath, FastSymbols
+from ..fastpath.torch_tensors import (DLPACK_ALLOCATOR, DLPACK_CPU, DLPACK_DLTENSOR_FROM_OBJECT, DLPACK_TO_OBJECT,
+                                      DLTENSOR_BYTE_OFFSET, DLTENSOR_DEVICE, DLTENSOR_DTYPE, DLTENSOR_NDIM,
+                                      DLTENSOR_SHAPE, DLTENSOR_SIZE, DLTENSOR_STRIDES, MANAGED_DELETER,
+                                      MANAGED_DLTENSOR, dlpack_code)
 
 
 @dataclass(frozen=True)
@@ -126,6 +138,11 @@ class _Emitter:
         self.lines.append(f"  {name} = {expression}")
         return name
 
+    def value_name(self) -> str:
+        """A fresh SSA name for a value defined elsewhere (a block argument)."""
+        self.counter += 1
+        return f"%v{self.counter}"
+
     def op(self, expression: str) -> None:
         self.lines.append(f"  {expression}")
 
@@ -193,6 +210,8 @@ class _Generator:
         self.bounds = spec.shapes.bounds
         self.overlaps = spec.overlap_pairs
         self.sizes: dict[int, list[str]] = {}
+        self.tensors: dict[int, str] = {}
+        """Per memref argument: an i1, true when it is a torch tensor (see _tensor_fields), not an ndarray."""
         self.descriptors: dict[int, tuple[str, list[str], list[str]]] = {}
         self.results = results
         self.dtypes: list[np.dtype] = []
@@ -201,6 +220,9 @@ class _Generator:
         self.consts = f"__memkernel_consts_{spec.name}"
         self.function = f"__memkernel_fast_{spec.name}"
         self.failed = f"__memkernel_failed_{spec.name}"
+        self.ignore_error = f"__memkernel_ignore_error_{spec.name}"
+        """``SetError(context, kind, message)`` of torch's allocator: the call declines, and the Python path
+        allocates again, raising what fails."""
         self.kernel_types: tuple[str, ...] = ()
         self.kernel_result: str | None = None
 
@@ -233,11 +255,47 @@ class _Generator:
         return self.e.icmp("eq", actual, self._const_slot(slot), "!llvm.ptr")
 
     def _memref(self, contract: BufferContract) -> list[str]:
+        """Check a memref argument, an exact ndarray or a torch tensor, and return its descriptor's operands."""
         e = self.e
         rank = contract.rank
         assert rank is not None
         obj = self._object(contract)
-        e.check(self._is_type(obj, Slot.ARRAY_TYPE))
+        e.blocks += 1
+        block = e.blocks
+        strided = not contract.needs_contiguous
+        types = ["i1", "!llvm.ptr"] + ["i64"] * (rank * (2 if strided else 1))
+        e.op(f"llvm.cond_br {self._is_type(obj, Slot.ARRAY_TYPE)}, ^array{block}, ^tensor{block}")
+        for label, read, is_tensor in ((f"^array{block}", self._array_fields, 0),
+                                       (f"^tensor{block}", self._tensor_fields, 1)):
+            e.lines.append(f"{label}:")
+            data, sizes, strides = read(obj, contract)
+            values = [e.const(is_tensor, "i1"), data, *sizes, *(strides if strided else [])]
+            e.op(f"llvm.br ^join{block}({', '.join(values)} : {', '.join(types)})")
+        names = [e.value_name() for _ in types]
+        e.lines.append(f"^join{block}({', '.join(f'{n}: {t}' for n, t in zip(names, types))}):")
+        self.tensors[contract.index] = names.pop(0)
+        data, sizes = names[0], names[1:1 + rank]
+        self.sizes[contract.index] = sizes
+        conditions = [e.icmp("eq", sizes[i], e.const(want)) for i, want in contract.static_dims]
+        if contract.needs_contiguous:
+            strides = self._contiguous_strides(sizes)
+            aligned, offset = data, e.const(0)
+        else:
+            strides = self._layout_strides(contract, sizes, names[1 + rank:], conditions)
+            static_offset = contract.layout_offset
+            offset = e.const(static_offset)
+            aligned = e.at(data, -static_offset * contract.element.itemsize) if static_offset else data
+        if conditions:
+            e.check(e.all_of(conditions))
+        self.descriptors[contract.index] = (data, sizes, strides)
+        return [data, aligned, offset, *sizes, *strides]
+
+    def _array_fields(self, obj: str, contract: BufferContract) -> tuple[str, list[str], list[str]]:
+        """An exact ndarray's data pointer, sizes and element strides (the strides only for a strided layout),
+        once its dtype, rank and flags fit ``contract``."""
+        e = self.e
+        rank = contract.rank
+        assert rank is not None
         descr = e.load(obj, "!llvm.ptr", LAYOUT.array_descr)
         dtype_ok = [e.icmp("eq", descr, self._const_slot(self._dtype_slot(d)), "!llvm.ptr")
                     for d in contract.dtypes]
@@ -252,52 +310,142 @@ class _Generator:
         masked = e.value(f"llvm.and {flags}, {e.const(mask, 'i32')} : i32")
         flags_ok = e.icmp("eq", masked, e.const(mask, "i32"), "i32")
         e.check(e.all_of([any_dtype, rank_ok, flags_ok]))
-
         data = e.load(obj, "!llvm.ptr", LAYOUT.array_data)
         dims = e.load(obj, "!llvm.ptr", LAYOUT.array_dims)
         sizes = [e.load(dims, "i64", 8 * i) for i in range(rank)]
-        self.sizes[contract.index] = sizes
-        conditions = [e.icmp("eq", sizes[i], e.const(want)) for i, want in contract.static_dims]
         if contract.needs_contiguous:
-            strides = self._contiguous_strides(sizes)
-            aligned, offset = data, e.const(0)
-        else:
-            strides = self._layout_strides(obj, contract, sizes, conditions)
-            static_offset = contract.layout_offset
-            offset = e.const(static_offset)
-            aligned = e.at(data, -static_offset * contract.element.itemsize) if static_offset else data
-        if conditions:
-            e.check(e.all_of(conditions))
-        self.descriptors[contract.index] = (data, sizes, strides)
-        return [data, aligned, offset, *sizes, *strides]
+            return data, sizes, []
+        itemsize, zero = e.const(contract.element.itemsize), e.const(0)
+        byte_strides = e.load(obj, "!llvm.ptr", LAYOUT.array_strides)
+        strides, whole = [], []
+        for i in range(rank):
+            in_bytes = e.load(byte_strides, "i64", 8 * i)
+            whole.append(e.icmp("eq", e.value(f"llvm.srem {in_bytes}, {itemsize} : i64"), zero))
+            strides.append(e.value(f"llvm.sdiv {in_bytes}, {itemsize} : i64"))
+        if whole:
+            e.check(e.all_of(whole))
+        return data, sizes, strides
 
-    def _contiguous_strides(self, sizes: list[str]) -> list[str]:
+    def _tensor_fields(self, obj: str, contract: BufferContract) -> tuple[str, list[str], list[str]]:
+        """A torch tensor's data pointer, sizes and element strides, read through the DLPack exchange API, once
+        its device, dtype, rank, alignment and (for an identity layout) C-contiguity fit ``contract``: the
+        checks numpy makes of the array ``np.from_dlpack`` gives (see :mod:`memkernel.fastpath.torch_tensors`)."""
         e = self.e
-        one = e.const(1)
-        strides = [one] * len(sizes)
-        for i in range(len(sizes) - 2, -1, -1):
-            at_least_one = e.value(f"llvm.intr.smax({sizes[i + 1]}, {one}) : (i64, i64) -> i64")
-            strides[i] = e.value(f"llvm.mul {strides[i + 1]}, {at_least_one} : i64")
-        return strides
+        rank = contract.rank
+        assert rank is not None
+        e.check(self._is_type(obj, Slot.TORCH_TENSOR))
+        function = e.load(self._const_slot(Slot.TORCH_DLPACK_API), "!llvm.ptr", DLPACK_DLTENSOR_FROM_OBJECT)
+        tensor = e.stack_bytes(DLTENSOR_SIZE, 8)
+        status = e.value(f"llvm.call {function}({obj}, {tensor}) : !llvm.ptr, (!llvm.ptr, !llvm.ptr) -> i32")
+        self._check_status(e.icmp("eq", status, e.const(0, "i32"), "i32"))
+        device = e.load(tensor, "i32", DLTENSOR_DEVICE)
+        ndim = e.load(tensor, "i32", DLTENSOR_NDIM)
+        code = e.load(tensor, "i32", DLTENSOR_DTYPE)
+        codes = sorted(c for c in {dlpack_code(d) for d in contract.dtypes} if c is not None)
+        dtype_ok = [e.icmp("eq", code, e.const(c, "i32"), "i32") for c in codes] or [e.const(0, "i1")]
+        any_dtype = dtype_ok[0]
+        for ok in dtype_ok[1:]:
+            any_dtype = e.value(f"llvm.or {any_dtype}, {ok} : i1")
+        e.check(e.all_of([e.icmp("eq", device, e.const(DLPACK_CPU, "i32"), "i32"),
+                          e.icmp("eq", ndim, e.const(rank, "i32"), "i32"), any_dtype]))
+        start, byte_offset = e.load(tensor, "!llvm.ptr"), e.load(tensor, "i64", DLTENSOR_BYTE_OFFSET)
+        data = e.value(f"llvm.getelementptr {start}[{byte_offset}] : (!llvm.ptr, i64) -> !llvm.ptr, i8")
+        alignment = contract.element.dtype.alignment
+        address = e.value(f"llvm.ptrtoint {data} : !llvm.ptr to i64")
+        misplaced = e.value(f"llvm.and {address}, {e.const(alignment - 1)} : i64")
+        conditions = [e.icmp("eq", misplaced, e.const(0))]
+        if not rank:
+            e.check(conditions[0])
+            return data, [], []
+        null = e.value("llvm.mlir.zero : !llvm.ptr")
+        shape = e.load(tensor, "!llvm.ptr", DLTENSOR_SHAPE)
+        strides_at = e.load(tensor, "!llvm.ptr", DLTENSOR_STRIDES)
+        e.check(e.all_of([e.icmp("ne", shape, null, "!llvm.ptr"), e.icmp("ne", strides_at, null, "!llvm.ptr")]))
+        sizes = [e.load(shape, "i64", 8 * i) for i in range(rank)]
+        strides = [e.load(strides_at, "i64", 8 * i) for i in range(rank)]
+        if contract.needs_contiguous:
+            conditions.append(self._c_contiguous(sizes, strides))
+        e.check(e.all_of(conditions))
+        return data, sizes, strides
 
-    def _layout_strides(self, obj: str, contract: BufferContract, sizes: list[str],
+    def _c_contiguous(self, sizes: list[str], strides: list[str]) -> str:
+        """numpy's C-contiguity of element ``strides``: each dim longer than 1 steps over all the later ones,
+        or the array is empty. A product of sizes that wraps (an expanded view of 2**80 elements) is not."""
+        e = self.e
+        zero, one = e.const(0), e.const(1)
+        expected = one
+        fits: list[str] = []
+        overflows: list[str] = []
+        empty: list[str] = []
+        for size, stride in zip(reversed(sizes), reversed(strides)):
+            fits.append(e.value(f"llvm.or {e.icmp('sle', size, one)}, {e.icmp('eq', stride, expected)} : i1"))
+            empty.append(e.icmp("eq", size, zero))
+            expected = e.exact("mul", expected, size, overflows)
+        contiguous = e.value(f"llvm.and {e.all_of(fits)}, {e.none_of(overflows)} : i1")
+        is_empty = e.value(f"llvm.xor {e.none_of(empty)}, {e.const(1, 'i1')} : i1")
+        return e.value(f"llvm.or {contiguous}, {is_empty} : i1")
+
+    def _check_status(self, ok: str) -> None:
+        """Continue if ``ok``; else clear the Python error a C API call set and decline."""
+        e = self.e
+        e.blocks += 1
+        e.op(f"llvm.cond_br {ok}, ^ok{e.blocks}, ^clear{e.blocks}")
+        e.lines.append(f"^clear{e.blocks}:")
+        e.op(f"llvm.call {self._const_slot(Slot.CLEAR_ERROR)}() : !llvm.ptr, () -> ()")
+        e.op("llvm.br ^fallback")
+        e.lines.append(f"^ok{e.blocks}:")
+
+    def _tensor_flags(self, contract: BufferContract) -> None:
+        """Decline a torch tensor argument that requires grad, has its negative or (a complex one) its conjugate bit
+        set or, when the kernel writes it, is an inference tensor: what its DLTensor does not say, and the checked
+        path refuses.
+
+        Asking may run Python code (a ``__torch_function__`` mode), so every argument is asked this before any
+        argument's memory is read.
+        """
+        e = self.e
+        obj = self._object(contract)
+        e.blocks += 1
+        block = e.blocks
+        e.op(f"llvm.cond_br {self._is_type(obj, Slot.TORCH_TENSOR)}, ^flags{block}, ^flagged{block}")
+        e.lines.append(f"^flags{block}:")
+        false = self._const_slot(Slot.FALSE)
+        answer = e.value(f"llvm.call {self._const_slot(Slot.GET_ATTR)}({obj}, {self._const_slot(Slot.REQUIRES_GRAD)}) "
+                         ": !llvm.ptr, (!llvm.ptr, !llvm.ptr) -> !llvm.ptr")
+        answers = [answer]
+        arguments = e.stack_bytes(8, 8)
+        e.op(f"llvm.store {obj}, {arguments} : !llvm.ptr, !llvm.ptr")
+        null = e.value("llvm.mlir.zero : !llvm.ptr")
+        methods = [Slot.IS_NEG]
+        methods += [Slot.IS_CONJ] if any(d.kind == "c" for d in contract.dtypes) else []  # torch sets it on no other
+        methods += [Slot.IS_INFERENCE] if contract.needs_writeable else []
+        for method in methods:
+            self._check_status(e.icmp("ne", answers[-1], null, "!llvm.ptr"))
+            answers.append(e.value(
+                f"llvm.call {self._const_slot(Slot.CALL_METHOD)}({self._const_slot(method)}, {arguments}, {e.const(1)}, "
+                f"{null}) : !llvm.ptr, (!llvm.ptr, !llvm.ptr, i64, !llvm.ptr) -> !llvm.ptr"))
+        self._check_status(e.icmp("ne", answers[-1], null, "!llvm.ptr"))
+        unset = []  # False itself: anything else a mode may answer is declined
+        for answer in answers:
+            unset.append(e.icmp("eq", answer, false, "!llvm.ptr"))
+            e.op(f"llvm.call {self._const_slot(Slot.DECREF)}({answer}) : !llvm.ptr, (!llvm.ptr) -> ()")
+        e.check(e.all_of(unset))
+        e.op(f"llvm.br ^flagged{block}")
+        e.lines.append(f"^flagged{block}:")
+
+    def _layout_strides(self, contract: BufferContract, sizes: list[str], actual: list[str],
                         conditions: list[str]) -> list[str]:
-        """The compiled form of :meth:`BufferContract.descriptor_strides`; its failures join ``conditions``.
+        """The compiled form of :meth:`BufferContract.descriptor_strides` on the ``actual`` element strides; its
+        failures join ``conditions``.
 
         An empty array is declined: the checked path gives it the layout's strides.
         """
         e = self.e
         assert contract.layout_strides is not None
-        itemsize = e.const(contract.element.itemsize)
         zero, one = e.const(0), e.const(1)
         conditions += [e.icmp("ne", size, zero) for size in sizes]
-        byte_strides = e.load(obj, "!llvm.ptr", LAYOUT.array_strides)
         strides = []
-        for i, (want, size) in enumerate(zip(contract.layout_strides, sizes)):
-            in_bytes = e.load(byte_strides, "i64", 8 * i)
-            remainder = e.value(f"llvm.srem {in_bytes}, {itemsize} : i64")
-            conditions.append(e.icmp("eq", remainder, zero))
-            stride = e.value(f"llvm.sdiv {in_bytes}, {itemsize} : i64")
+        for want, size, stride in zip(contract.layout_strides, sizes, actual):
             if want is None:
                 strides.append(stride)
                 continue
@@ -306,6 +454,15 @@ class _Generator:
             trivial = e.icmp("sle", size, one)
             conditions.append(e.value(f"llvm.or {matches}, {trivial} : i1"))
             strides.append(expected)
+        return strides
+
+    def _contiguous_strides(self, sizes: list[str]) -> list[str]:
+        e = self.e
+        one = e.const(1)
+        strides = [one] * len(sizes)
+        for i in range(len(sizes) - 2, -1, -1):
+            at_least_one = e.value(f"llvm.intr.smax({sizes[i + 1]}, {one}) : (i64, i64) -> i64")
+            strides[i] = e.value(f"llvm.mul {strides[i + 1]}, {at_least_one} : i64")
         return strides
 
     def _scalar(self, contract: ScalarContract) -> list[str]:
@@ -430,6 +587,9 @@ class _Generator:
         types: list[str] = []
         for contract in contracts:
             if isinstance(contract, BufferContract):
+                self._tensor_flags(contract)
+        for contract in contracts:
+            if isinstance(contract, BufferContract):
                 operands += self._memref(contract)
             else:
                 operands += self._scalar(contract)
@@ -503,6 +663,8 @@ class _Generator:
         if entry is not None:
             functions.append(_EntryGenerator(self).generate(entry))
         functions.append(self._failed_function())
+        functions.append(f"llvm.func @{self.ignore_error}(%context: !llvm.ptr, %kind: !llvm.ptr, %message: !llvm.ptr) "
+                         "{\n  llvm.return\n}")
         size = FIRST_DTYPE + len(self.dtypes)
         text = f"""
 llvm.mlir.global external @{self.consts}(dense<0> : tensor<{size}xi64>) : !llvm.array<{size} x i64>
@@ -548,7 +710,7 @@ class _EntryGenerator:
     def __init__(self, raw: _Generator) -> None:
         self.g = raw
         raw.e = self.e = _Emitter()
-        raw.sizes, raw.descriptors = {}, {}
+        raw.sizes, raw.descriptors, raw.tensors = {}, {}, {}
         self.n_inputs = raw.n_inputs
         self.output = raw.contracts[raw.n_inputs] if len(raw.contracts) > raw.n_inputs else None
 
@@ -594,7 +756,11 @@ class _EntryGenerator:
 
     def _run_allocating(self, sources: Sequence[Dim | int]) -> None:
         """Check the inputs, allocate the output zero-filled from the dims its ties give, run the kernel and
-        return the output; decline (before allocating) whatever the checks refuse."""
+        return the output; decline (before allocating) whatever the checks refuse.
+
+        When every memref input is a torch tensor the output is a torch tensor, allocated by torch (see
+        :meth:`_torch_zeros`); else an ndarray (``PyArray_Zeros``).
+        """
         g, e = self.g, self.e
         output = self.output
         assert isinstance(output, BufferContract)
@@ -609,21 +775,90 @@ class _EntryGenerator:
         dims = e.value(f"llvm.alloca {e.const(max(rank, 1))} x i64 : (i64) -> !llvm.ptr")
         for i, size in enumerate(sizes):
             e.op(f"llvm.store {size}, {e.at(dims, 8 * i) if i else dims} : i64, !llvm.ptr")
+        tensors = list(g.tensors.values())
+        code = dlpack_code(output.element.dtype)
+        if tensors:
+            e.op(f"llvm.cond_br {e.all_of(tensors)}, ^torch_zeros, ^numpy_zeros")
+            e.lines.append("^torch_zeros:")
+            if code is None:  # a dtype torch has none for: the Python path says so
+                e.op("llvm.br ^fallback")
+            else:
+                tensor, data = self._torch_zeros(dims, rank, code, sizes, output.element.itemsize)
+                e.op(f"llvm.br ^allocated({tensor}, {data} : !llvm.ptr, !llvm.ptr)")
+            e.lines.append("^numpy_zeros:")
         descr = g._const_slot(g._dtype_slot(output.element.dtype))
         self._call_c(Slot.INCREF, [(descr, "!llvm.ptr")])  # PyArray_Zeros steals a reference to it
         array = self._call_c(Slot.ZEROS, [(e.const(rank, "i32"), "i32"), (dims, "!llvm.ptr"),
                                           (descr, "!llvm.ptr"), (e.const(0, "i32"), "i32")], "!llvm.ptr")
         assert array is not None
         null = e.value("llvm.mlir.zero : !llvm.ptr")
-        e.op(f"llvm.cond_br {e.icmp('eq', array, null, '!llvm.ptr')}, ^allocation_failed, ^allocated")
+        e.op(f"llvm.cond_br {e.icmp('eq', array, null, '!llvm.ptr')}, ^allocation_failed, ^numpy_allocated")
         e.lines.append("^allocation_failed:")
         self._call_c(Slot.CLEAR_ERROR, [])
         e.op("llvm.br ^fallback")
-        e.lines.append("^allocated:")
-        data = e.load(array, "!llvm.ptr", LAYOUT.array_data)
+        e.lines.append("^numpy_allocated:")
+        e.op(f"llvm.br ^allocated({array}, {e.load(array, '!llvm.ptr', LAYOUT.array_data)} : !llvm.ptr, !llvm.ptr)")
+        made, data = e.value_name(), e.value_name()
+        e.lines.append(f"^allocated({made}: !llvm.ptr, {data}: !llvm.ptr):")
         operands += [data, data, e.const(0), *sizes, *g._contiguous_strides(sizes)]
-        g._call_kernel(operands, types + lowered_argument_types(output.spec), owned=array)
-        self._ran(array, new_reference=True)
+        g._call_kernel(operands, types + lowered_argument_types(output.spec), owned=made)
+        self._ran(made, new_reference=True)
+
+    def _torch_zeros(self, dims: str, rank: int, code: int, sizes: list[str], itemsize: int) -> tuple[str, str]:
+        """A new torch tensor of ``sizes`` (stored at ``dims``) and DLPack dtype ``code``, zero-filled, and its
+        data pointer: allocated by torch's exchange API (``managed_tensor_allocator``), checked C-contiguous and
+        made a Python tensor (``managed_tensor_to_py_object_no_sync``). Declines when torch cannot allocate it."""
+        g, e = self.g, self.e
+        api = g._const_slot(Slot.TORCH_DLPACK_API)
+        null = e.value("llvm.mlir.zero : !llvm.ptr")
+        prototype = e.stack_bytes(DLTENSOR_SIZE, 8)
+        e.op(f"llvm.store {null}, {prototype} : !llvm.ptr, !llvm.ptr")
+        for offset, value, kind in ((DLTENSOR_DEVICE, DLPACK_CPU, "i32"), (DLTENSOR_DEVICE + 4, 0, "i32"),
+                                    (DLTENSOR_NDIM, rank, "i32"), (DLTENSOR_DTYPE, code, "i32"),
+                                    (DLTENSOR_BYTE_OFFSET, 0, "i64")):
+            e.op(f"llvm.store {e.const(value, kind)}, {e.at(prototype, offset)} : {kind}, !llvm.ptr")
+        e.op(f"llvm.store {dims}, {e.at(prototype, DLTENSOR_SHAPE)} : !llvm.ptr, !llvm.ptr")
+        e.op(f"llvm.store {null}, {e.at(prototype, DLTENSOR_STRIDES)} : !llvm.ptr, !llvm.ptr")
+        slot = e.stack_bytes(8, 8)
+        allocate = e.load(api, "!llvm.ptr", DLPACK_ALLOCATOR)
+        ignore = e.value(f"llvm.mlir.addressof @{g.ignore_error} : !llvm.ptr")
+        status = e.value(f"llvm.call {allocate}({prototype}, {slot}, {null}, {ignore}) : !llvm.ptr, "
+                         "(!llvm.ptr, !llvm.ptr, !llvm.ptr, !llvm.ptr) -> i32")
+        g._check_status(e.icmp("eq", status, e.const(0, "i32"), "i32"))
+        managed = e.load(slot, "!llvm.ptr")
+        tensor = e.at(managed, MANAGED_DLTENSOR)
+        start, byte_offset = e.load(tensor, "!llvm.ptr"), e.load(tensor, "i64", DLTENSOR_BYTE_OFFSET)
+        data = e.value(f"llvm.getelementptr {start}[{byte_offset}] : (!llvm.ptr, i64) -> !llvm.ptr, i8")
+        contiguous = e.const(1, "i1")
+        if rank:
+            strides_at = e.load(tensor, "!llvm.ptr", DLTENSOR_STRIDES)
+            has_strides = e.icmp("ne", strides_at, null, "!llvm.ptr")
+            e.blocks += 1
+            block = e.blocks
+            # No strides (DLPack before 1.2) mean C-contiguous.
+            e.op(f"llvm.cond_br {has_strides}, ^strides{block}, ^strided{block}({contiguous} : i1)")
+            e.lines.append(f"^strides{block}:")
+            strides = [e.load(strides_at, "i64", 8 * i) for i in range(rank)]
+            e.op(f"llvm.br ^strided{block}({g._c_contiguous(sizes, strides)} : i1)")
+            contiguous = e.value_name()
+            e.lines.append(f"^strided{block}({contiguous}: i1):")
+        e.blocks += 1
+        block = e.blocks
+        e.op(f"llvm.cond_br {contiguous}, ^wrap{block}, ^unwanted{block}")
+        e.lines.append(f"^unwanted{block}:")
+        deleter = e.load(managed, "!llvm.ptr", MANAGED_DELETER)
+        e.op(f"llvm.call {deleter}({managed}) : !llvm.ptr, (!llvm.ptr) -> ()")
+        e.op("llvm.br ^fallback")
+        e.lines.append(f"^wrap{block}:")
+        count = e.const(itemsize)
+        for size in sizes:
+            count = e.value(f"llvm.mul {count}, {size} : i64")  # torch allocated as many bytes: no wrap
+        e.op(f'"llvm.intr.memset"({data}, {e.const(0, "i8")}, {count}) <{{isVolatile = false}}> : '
+             "(!llvm.ptr, i8, i64) -> ()")
+        wrap = e.load(api, "!llvm.ptr", DLPACK_TO_OBJECT)
+        status = e.value(f"llvm.call {wrap}({managed}, {slot}) : !llvm.ptr, (!llvm.ptr, !llvm.ptr) -> i32")
+        g._check_status(e.icmp("eq", status, e.const(0, "i32"), "i32"))
+        return e.load(slot, "!llvm.ptr"), data
 
     def generate(self, name: str) -> str:
         g, e = self.g, self.e
@@ -649,7 +884,7 @@ class _EntryGenerator:
             e.lines.append("^given:")
             self._run_given(g.contracts)
             e.lines.append("^allocate:")
-            g.sizes, g.descriptors = {}, {}
+            g.sizes, g.descriptors, g.tensors = {}, {}, {}
             sources = g.sources[0] if g.sources else None
             if self._allocatable(sources):
                 self._run_allocating(sources)  # type: ignore[arg-type]

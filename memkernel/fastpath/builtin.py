@@ -15,7 +15,7 @@ from typing import Any, NoReturn, Protocol
 
 import numpy as np
 
-from . import constants
+from . import constants, torch_tensors
 from .constants import DONE
 from .symbols import FastSymbols
 
@@ -60,6 +60,10 @@ class FastFunction:
     def __init__(self, function_address: int, consts_address: int, fast: FastSymbols,
                  reader: ResultReading | None, failed: Callable[[int], NoReturn], entry_address: int = 0) -> None:
         constants.fill(consts_address, fast.dtypes, failed)
+        self._consts_address = consts_address
+        self.reads_torch = torch_tensors.adopt(consts_address)
+        """Whether the compiled code reads torch tensors (torch was imported and is adopted, see
+        :mod:`memkernel.fastpath.torch_tensors`)."""
         self.entry_address = entry_address
         """Where the compiled entry (``fast.entry``) was loaded; 0 when the kernel has none."""
         self._dtypes, self._failed = fast.dtypes, failed  # the table holds their addresses: keep them alive
@@ -68,6 +72,11 @@ class FastFunction:
         raises if the kernel unwound to its guard."""
         self._reader = reader
         self._buffers: list[np.ndarray] = []
+
+    def adopt_torch(self) -> None:
+        """Let the compiled code read torch tensors from now on (torch is imported: a call was given tensors)."""
+        if not self.reads_torch:
+            self.reads_torch = torch_tensors.adopt(self._consts_address)
 
     def __call__(self, args: tuple[Any, ...], outputs: tuple[Any, ...]) -> tuple[Any, ...] | None:
         reader = self._reader

@@ -35,6 +35,10 @@ DECLINED = Answer("declined")
 """Returned, before anything ran, for a call the fast path does not handle."""
 
 
+_NAMES = tuple(sys.intern(name) for name in ("requires_grad", "is_neg", "is_conj", "is_inference"))
+"""The attribute and method names the fast path asks a torch tensor for, by address: held here for its life."""
+
+
 class Slot(IntEnum):
     """The named slots of the table; :data:`FILL` says what each holds."""
 
@@ -60,6 +64,17 @@ class Slot(IntEnum):
     TUPLE_SET_ITEM = 19
     CALL = 20
     DECREF = 21
+    # torch.Tensor and its DLPack exchange API, which the fast path reads tensors through: 0 until adopted
+    # (see memkernel.fastpath.torch_tensors), then the names of what it asks a tensor.
+    TORCH_TENSOR = 22
+    TORCH_DLPACK_API = 23
+    GET_ATTR = 24
+    CALL_METHOD = 25
+    REQUIRES_GRAD = 26
+    IS_NEG = 27
+    IS_CONJ = 28
+    IS_INFERENCE = 29
+    FALSE = 30
 
 
 FILL: dict[Slot, Callable[[], int]] = {
@@ -87,6 +102,17 @@ FILL: dict[Slot, Callable[[], int]] = {
     Slot.TUPLE_SET_ITEM: lambda: c_function("PyTuple_SetItem"),
     Slot.CALL: lambda: c_function("PyObject_Call"),
     Slot.DECREF: lambda: c_function("Py_DecRef"),
+    Slot.TORCH_TENSOR: lambda: 0,  # see memkernel.fastpath.torch_tensors.adopt
+    Slot.TORCH_DLPACK_API: lambda: 0,
+    Slot.GET_ATTR: lambda: c_function("PyObject_GetAttr"),
+    # 0 where the interpreter has no such export: then torch.Tensor is not adopted.
+    Slot.CALL_METHOD: lambda: c_function("PyObject_VectorcallMethod") if has_c_function("PyObject_VectorcallMethod")
+    else 0,
+    Slot.REQUIRES_GRAD: lambda: id(_NAMES[0]),
+    Slot.IS_NEG: lambda: id(_NAMES[1]),
+    Slot.IS_CONJ: lambda: id(_NAMES[2]),
+    Slot.IS_INFERENCE: lambda: id(_NAMES[3]),
+    Slot.FALSE: lambda: id(False),
 }
 """What fills each slot but :attr:`Slot.FAILED`, which holds the kernel's own callable (see :func:`fill`)."""
 

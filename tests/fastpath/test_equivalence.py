@@ -7,7 +7,8 @@ kernel compiled without it, and to the same kernel with ``isolate=True`` (whose
 calls cross to the worker process through the control block, copied or, for the
 ``shared`` views, in ``memkernel.shared_empty`` memory). A value the fast path
 accepts and the checked path refuses is a failure, and so is any difference in
-what they return or write.
+what they return or write. Where torch is installed, the draws hold torch tensors
+too, which the compiled code reads through DLPack.
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ from memkernel import Kernel, MemkernelError, mlir_kernel, shared_asarray
 
 from ..kernels import elementwise, loop_map, strided_window
 from .conftest import HAS_ENTRIES, with_fast_path
+
+try:
+    import torch
+except ImportError:  # memkernel[test] installs torch on Python 3.11 only: there the draws hold no tensors
+    torch = None
 
 STATS = """
 func.func @stats(%x: memref<4x?xi32>, %shift: si16, %flag: i1, %u: ui8, %k: index, %f: f32, %d: f64, %s: i8)
@@ -105,14 +111,39 @@ class ArrayRecipe:
             array = shared_asarray(plain)[tuple(slice(None, None, -1) for _ in self.shape)]
         elif self.view == "list":
             return plain.tolist()
+        elif self.view.startswith("torch"):
+            return self._tensor(base, plain)
         else:
             raise AssertionError(self.view)
         array.flags.writeable = self.writeable
         return array
 
+    def _tensor(self, base: np.ndarray, plain: np.ndarray) -> Any:
+        """A torch tensor of the view: one the compiled code reads through DLPack, or declines for the checked
+        path. A tensor that is not writeable is one that requires grad (a float) or an inference tensor."""
+        assert torch is not None
+        if self.view == "torch step":
+            tensor = torch.from_numpy(base.copy())[tuple(slice(0, 2 * d, 2) for d in self.shape)]
+        elif self.view == "torch transposed":
+            tensor = torch.from_numpy(plain.T.copy()).permute(*reversed(range(plain.ndim)))
+        elif self.view == "torch expanded":
+            tensor = torch.from_numpy(plain.reshape(-1)[:1].copy() if plain.size else np.zeros(1, plain.dtype))
+            tensor = tensor.reshape((1,) * len(self.shape)).expand(self.shape)
+        else:
+            tensor = torch.from_numpy(plain.copy())
+        if self.writeable:
+            return tensor
+        if tensor.is_floating_point():
+            return tensor.requires_grad_()
+        with torch.inference_mode():
+            return tensor.clone()
+
+TORCH_VIEWS = ["torch", "torch", "torch step", "torch transposed", "torch expanded"] if torch is not None else []
+"""Tensors the compiled code reads through torch's DLPack exchange API, where torch is installed."""
 
 VIEWS = ["contiguous", "contiguous", "contiguous", "step", "negative", "transposed", "fortran", "offset",
-         "misaligned", "subclass", "list", "shared", "shared", "shared step", "shared negative"]
+         "misaligned", "subclass", "list", "shared", "shared", "shared step", "shared negative",
+         *TORCH_VIEWS]
 
 
 def arrays(dtypes: list[str], shape: st.SearchStrategy[tuple[int, ...]]) -> st.SearchStrategy[ArrayRecipe]:
@@ -177,12 +208,23 @@ def outcome(kernel: Kernel, args: tuple[Any, ...], out: Any, form: str) -> tuple
     return "ok", returned, built
 
 
+def _is_tensor(value: Any) -> bool:
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def as_numpy(value: Any) -> Any:
+    """``value``, a torch tensor made a numpy array (a view of its memory)."""
+    return value.detach().numpy() if _is_tensor(value) else value
+
+
 def same_bits(a: Any, b: Any) -> bool:
     if isinstance(a, tuple):
         return isinstance(b, tuple) and len(a) == len(b) and all(same_bits(x, y) for x, y in zip(a, b))
     if a is None or b is None:
         return a is b
-    a, b = np.asarray(a), np.asarray(b)
+    if _is_tensor(a) != _is_tensor(b):  # a torch call returns tensors on both paths
+        return False
+    a, b = np.asarray(as_numpy(a)), np.asarray(as_numpy(b))
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
     return a.tobytes() == b.tobytes()
@@ -204,7 +246,7 @@ def check_equivalent(fast: Kernel, checked: Kernel, isolated: Kernel, args: tupl
             continue
         assert same_bits(got[1], got_checked[1]), path
         for a, b in zip(got[2], got_checked[2]):
-            if isinstance(a, np.ndarray):
+            if isinstance(a, np.ndarray) or _is_tensor(a):
                 assert same_bits(a, b), f"the {path} and the checked path wrote different values into an argument"
 
 
@@ -419,12 +461,12 @@ def test_window_bounds_near_2_to_the_62(window, data):
         built_y = y.build()
         try:
             call(kernel, (x.build(), w.build()), built_y, form)
-            outcomes.append(("ok", built_y.base.tobytes() if huge_y else built_y.tobytes()))
+            outcomes.append(("ok", built_y.base.tobytes() if huge_y else as_numpy(built_y).tobytes()))
         except MemkernelError as exc:
             outcomes.append(("error", type(exc)))
     assert outcomes[0] == outcomes[1] == outcomes[2]
     if outcomes[0][0] == "ok" and not isinstance(x, Broadcast) and not isinstance(w, Broadcast):
-        a, b, out = x.build(), w.build(), y.build()
+        a, b, out = (as_numpy(v.build()) for v in (x, w, y))
         expected = out.astype(np.int64) + [sum(int(a[2 * i + j]) * int(b[j]) for j in range(len(b)))
                                           for i in range(len(out))]
         assert outcomes[0][1] == expected.astype(np.int8).tobytes()

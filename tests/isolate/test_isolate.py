@@ -17,8 +17,8 @@ import pytest
 import memkernel.isolate
 import memkernel.isolate.control
 import memkernel.isolate.process
-from memkernel import (ArgumentError, CompileError, KernelAssertionError, KernelCrashed, KernelTimeout, MemkernelError,
-                       ShapeError, SignatureError, mlir_kernel)
+from memkernel import (ArgumentError, CompileError, DTypeError, KernelAssertionError, KernelCrashed, KernelTimeout,
+                       MemkernelError, ShapeError, SignatureError, mlir_kernel)
 
 from ..kernels import FILL, MISSING_GLOBAL, WAIT_FOR_FLAG, elementwise, total
 from ..processes import REPO, run_python
@@ -540,7 +540,7 @@ def message_of(call):
 
 
 @pytest.mark.parametrize("make, arguments, error", [
-    (add_kernel, lambda: (np.ones(4), np.ones(4, np.float32)), ArgumentError),
+    (add_kernel, lambda: (np.ones(4), np.ones(4, np.float32)), DTypeError),
     (add_kernel, lambda: (np.ones(4, np.float32),), ArgumentError),
     (lambda **o: mlir_kernel(STATIC_ADD, **o)(lambda in0, in1: None),
      lambda: (np.ones(5, np.float32), np.ones(5, np.float32)), ShapeError),

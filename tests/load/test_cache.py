@@ -150,7 +150,9 @@ def test_another_host_or_version_is_a_miss(cache_dir, compilations, fresh_proces
 
 def test_a_cache_key_reads_the_installed_versions_once_per_process(monkeypatch):
     read: list[str] = []
-    monkeypatch.setattr(memkernel.load.cache.metadata, "version", lambda name: read.append(name) or "1.0")
+    from importlib import metadata
+
+    monkeypatch.setattr(metadata, "version", lambda name: read.append(name) or "1.0")
     memkernel.load.cache._version.cache_clear()
     try:
         keys = [memkernel.load.cache.CacheKey.of(source=str(i)) for i in range(3)]
