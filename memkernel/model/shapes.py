@@ -37,6 +37,8 @@ class Tie:
     reason: str
     named: bool = False
     size: int = 0
+    has: str = ""
+    """What has ``size``, for the message (``@k's memref.subview of x has 4 on dim 0``); empty: ``reason``."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,9 @@ class Bound:
     reason: str
     verb: str = "reads"
     """What ``reason`` does at the index: a linalg op reads there; a load, store or slice reaches it."""
+    lowest: int = 0
+    """The least index reached (when every ``dim`` of ``terms`` is non-empty): one below 0 is outside
+    ``target`` whatever its size, so the bound then holds only when one of those dims is empty."""
 
 
 Expr = tuple
@@ -133,6 +138,12 @@ class ShapeRules:
             if first is None:
                 continue
             if tie.b is None:
+                if first[tie.a.dim] != tie.size and tie.has:
+                    raise ShapeError(
+                        f"{kernel}(): {names[tie.a.arg]} has {first[tie.a.dim]} elements on dim {tie.a.dim} but "
+                        f"{tie.reason} needs {tie.size} there ({tie.has}). Pass {names[tie.a.arg]} with dim "
+                        f"{tie.a.dim} == {tie.size}."
+                    )
                 if first[tie.a.dim] != tie.size:
                     raise ShapeError(
                         f"{kernel}(): {names[tie.a.arg]} has {first[tie.a.dim]} elements on dim {tie.a.dim} but "
@@ -201,9 +212,16 @@ class ShapeRules:
             return
         needed = sum(c * (n - 1) for (c, _), n in zip(bound.terms, lengths)) + bound.constant + 1
         have = target[bound.target.dim]
+        given = ", ".join(f"{names[d.arg]} dim {d.dim} = {n}" for (_, d), n in zip(bound.terms, lengths))
+        name = names[bound.target.arg]
+        if bound.lowest < 0:
+            raise ShapeError(
+                f"{kernel}(): {name} has {have} elements on dim {bound.target.dim} but {bound.reason} "
+                f"{bound.verb} indices {bound.lowest} to {needed - 1} there{f' ({given})' if given else ''}; they "
+                f"must lie in 0 to {have - 1}, and index {bound.lowest} is before the start of {name} whatever its "
+                "size: the kernel indexes out of bounds."
+            )
         if have < needed:
-            given = ", ".join(f"{names[d.arg]} dim {d.dim} = {n}" for (_, d), n in zip(bound.terms, lengths))
-            name = names[bound.target.arg]
             if any(c > 0 and d == bound.target for c, d in bound.terms):
                 remedy = (f"that is past the end of {name} whatever its size, since the loops run over its own "
                           "length: the kernel indexes out of bounds.")
