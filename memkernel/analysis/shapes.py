@@ -36,7 +36,7 @@ from .ir_callbacks import walk
 from .control_flow import EveryRun
 from ..model.dims import Dim
 from ..model.shapes import AffineBound, Bound, Expr, ShapeRules, Tie
-from .inlining import Inlined, defined_function, structured_names  # noqa: F401  (the CLI reads structured_names)
+from .inlining import Inlined, Origin, defined_function, structured_names  # noqa: F401  (the CLI reads structured_names)
 from .reshapes import KEEP_BASE, RESHAPES, offsets_sizes_strides, reshape_view
 from ..model.signature import ArgSpec, MemRefSpec, UnrankedSpec
 from .types import read_signature
@@ -453,20 +453,21 @@ class _Collector:
                 for a, b in zip(inserted, dims):
                     self.tie_extents(a, b, reason)
         for k, (dim, offset, size, stride) in enumerate(zip(found[1], *parts)):
+            read = sizes[k] if sizes is not None else None
             if offset == _DYNAMIC or stride == _DYNAMIC:
                 continue
             if size != _DYNAMIC and size > 0:
                 last = offset + (size - 1) * stride
                 self.bound(Bound(dim, nest.guards, max(offset, last), reason, "reaches", min(offset, last)))
-            elif size == _DYNAMIC and sizes is not None and isinstance(sizes[k], Dim) and stride > 0:
-                terms = ((stride, sizes[k]),) + tuple(g for g in nest.guards if g[1] != sizes[k])
+            elif isinstance(read, Dim) and stride > 0:
+                terms = ((stride, read),) + tuple(g for g in nest.guards if g[1] != read)
                 self.bound(Bound(dim, terms, offset, reason, "reaches", offset))
 
     def element(self, memory: ir.Value, indices: Sequence[ir.Value], nest: _LoopNest, reason: str,
                 shape: Sequence[int] = ()) -> None:
         """A load or store of ``memory`` at ``indices`` (of a vector of ``shape`` over its last dims): each
-        index that is a constant, or a loop's induction variable plus a non-negative constant, must lie inside
-        its dim."""
+        index that is a constant, or a loop's induction variable plus or minus a constant, must lie inside its
+        dim (from 0)."""
         found = self.dims_of(memory)
         if found is None:
             return
@@ -563,10 +564,22 @@ def ir_rules(module: ir.Module, function: str, specs: Sequence[ArgSpec], names: 
     (the functions whose rules are being read). Raises SignatureError for a reshape
     of an argument whose sizes cannot be read (see :mod:`memkernel.analysis.reshapes`).
     """
-    inlined = Inlined(module, function)
+    names = names or [f"argument #{i}" for i in range(len(specs))]
+    casts: list[Tie] = []
+
+    def read_casts(before: ir.Operation, origin: Origin) -> None:
+        """The sizes casts to static dims fix, read before generalizing folds the casts into linalg ops."""
+        early = _Collector(function, before, specs, names, origin)
+        blocks = EveryRun()
+        for op in _operations(before):
+            if op.name in SHAPE_PRESERVING and unconditional(op, before, blocks):
+                early.cast(op, origin(op))
+        casts.extend(t for t in early.ties if t.a.arg < len(specs))
+
+    inlined = Inlined(module, function, read_casts)
     func = inlined.function
-    collector = _Collector(function, func, specs, names or [f"argument #{i}" for i in range(len(specs))],
-                           inlined.origin)
+    collector = _Collector(function, func, specs, names, inlined.origin)
+    collector.ties.extend(casts)
     blocks = EveryRun()
 
     for op in _operations(func):
@@ -579,8 +592,6 @@ def ir_rules(module: ir.Module, function: str, specs: Sequence[ArgSpec], names: 
             collector.all_dims(op, reason)
         elif op.name in RESHAPES:
             collector.dims_of(op.results[0])
-        elif op.name in SHAPE_PRESERVING:
-            collector.cast(op, reason)
         elif op.name in ("func.call", "func.call_indirect"):
             _call(module, collector, op, func, reason, visiting | {function})
         else:
