@@ -10,9 +10,12 @@ given by a sum (a convolution's ``oh + kh``) must be large enough for every
 index the loops reach. ``memref.copy`` and elementwise ``arith``/``math`` ops
 on tensors tie every dim of their operands. Only operands that are function
 arguments count, directly or through shape-preserving casts and transposes, or
-reshapes of them (:mod:`memkernel.model.views`). The ops of the functions the
-kernel calls count too (:mod:`memkernel.analysis.inlining`), and only ops that run on
-every call (:func:`unconditional`).
+reshapes of them (:mod:`memkernel.model.views`), or slices of them, whose sizes (a
+constant, or a dim read with ``memref.dim``) are what the op's other operands are
+tied to. A cast of an argument to a static size ties its dim to that size. The ops
+of the functions the kernel calls count too (:mod:`memkernel.analysis.inlining`,
+and a ``func.call_indirect`` of a ``func.constant``), and only ops that run on every
+call (:func:`unconditional`).
 
 The result is a :class:`~memkernel.model.shapes.ShapeRules` (where the dims the
 user names join them): ties (pairs of dims that must be equal,
@@ -22,7 +25,9 @@ Both call paths check the ties and the bounds before every call; the checked pat
 alone checks affine bounds (maps with negative coefficients, floordiv or mod).
 
 Loads, stores and slices add bounds too, where their positions are constants or
-the variables of ``scf.for`` loops over argument dims (see :class:`_LoopNest`).
+the variables of ``scf.for`` loops over argument dims, plus or minus a constant
+(see :class:`_LoopNest`): at their highest index, and at their lowest, which must
+not lie below 0 (a kernel that reaches below 0 on every call is refused).
 """
 
 from __future__ import annotations
