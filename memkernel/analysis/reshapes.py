@@ -110,9 +110,9 @@ def offsets_sizes_strides(op: ir.Operation, size: Resolve) -> list[tuple[str, Si
     each named for messages, as sizes where readable."""
     segments = list(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"]))
     operands = list(op.operands)
-    start = segments[0]
+    start = sum(segments[:-3])  # the source (and an insert's destination)
     parts: list[tuple[str, Size | None]] = []
-    for kind, count in zip(("offset", "size", "stride"), segments[1:]):
+    for kind, count in zip(("offset", "size", "stride"), segments[-3:]):
         dynamic = iter(operands[start:start + count])
         start += count
         static = list(ir.DenseI64ArrayAttr(op.attributes[f"static_{kind}s"]))

@@ -869,3 +869,25 @@ def test_slices_casts_and_a_read_below_0_together(fast):
     assert not z.any()
     with pytest.raises(ShapeError, match="x has 4 elements on dim 0 but @parts's memref.subview reaches up to index 4"):
         parts(x[:4], w, np.zeros(0, F32))
+
+
+# y[1:1 + len(z)] = x on tensors, the slice sized by z's dim: x must have len(z) elements, y at least one more.
+INSERT_SIZED_BY_ANOTHER = """func.func @k(%x: tensor<?xf32>, %z: tensor<?xf32>, %y: tensor<?xf32>) -> tensor<?xf32> {
+  %c0 = arith.constant 0 : index
+  %n = tensor.dim %z, %c0 : tensor<?xf32>
+  %r = tensor.insert_slice %x into %y[1] [%n] [1] : tensor<?xf32> into tensor<?xf32>
+  return %r : tensor<?xf32>
+}"""
+
+
+def test_an_insert_slice_sized_by_another_arguments_dim_ties_what_it_inserts_and_must_fit():
+    k = mlir_kernel(INSERT_SIZED_BY_ANOTHER)(lambda x, z, y: None)
+    x = np.arange(10, 13, dtype=F32)
+    np.testing.assert_array_equal(k(x, np.zeros(3, F32), np.zeros(5, F32)), [0, 10, 11, 12, 0])
+    with pytest.raises(ShapeError, match=re.escape(
+            "k(): x has 3 elements on dim 0 but z has 2 on dim 0; @k's tensor.insert_slice needs them equal.")):
+        k(x, np.zeros(2, F32), np.zeros(5, F32))
+    with pytest.raises(ShapeError, match=re.escape(
+            "k(): y has 3 elements on dim 0 but @k's tensor.insert_slice reaches up to index 3 there (z dim 0 = 3); "
+            "pass at least 4.")):
+        k(x, np.zeros(3, F32), np.zeros(3, F32))
