@@ -253,6 +253,8 @@ class _Collector:
         self.ties: list[Tie] = []
         self.bounds: list[Bound] = []
         self.affine_bounds: list[AffineBound] = []
+        self.calls: list[tuple[str, tuple[int, ...]]] = []
+        """The calls the rules cannot follow (see :meth:`unfollowed`)."""
 
     def tie(self, a: Dim, b: Dim, reason: str) -> None:
         if a != b:
@@ -518,6 +520,8 @@ class _Collector:
                 self.fix(a, tie.size, tie.reason, tie.has or f"{tie.reason} is {tie.size}")
             elif tie.b is not None:
                 self.tie_extents(a, mapped(tie.b), tie.reason)
+        for reason, args in callee.unfollowed:
+            self.unfollowed(reason, [values[a] for a in args if a < len(values)])
         if guards is None:
             return
         for bound in callee.bounds:
@@ -536,6 +540,19 @@ class _Collector:
                                                                                  if isinstance(d, Dim)),
                                                       affine.reason))
 
+    def unfollowed(self, reason: str, values: Sequence[ir.Value]) -> None:
+        """A call the rules cannot follow, passed ``values``: the arguments among them (or whose dims size
+        them) must have named dims."""
+        args: set[int] = set()
+        for value in values:
+            found = self.extents(value) if isinstance(value.type, ir.ShapedType) else None
+            origin, _ = trace(value, self.entry)
+            args.update(d.arg for d in found or () if isinstance(d, Dim) and d.arg < self.n)
+            if isinstance(origin, int) and self.ranks[origin] is not None:
+                args.add(origin)
+        if args:
+            self.calls.append((reason, tuple(sorted(args))))
+
     def rules(self) -> ShapeRules:
         """The rules collected: those on views' dims apart, and the views only if something checks them."""
         def on_arguments(*dims: Dim | None) -> bool:
@@ -550,7 +567,8 @@ class _Collector:
         checked = any(v.splits or v.reach for v in self.views) or through.ties or through.bounds \
             or through.affine_bounds
         views = tuple(self.views) if checked else ()
-        return ShapeRules(tuple(ties), tuple(bounds), {}, (), tuple(affine), views, through if views else None)
+        return ShapeRules(tuple(ties), tuple(bounds), {}, (), tuple(affine), views, through if views else None,
+                          tuple(self.calls))
 
 
 def _is_elementwise_on_tensors(op: ir.Operation) -> bool:
@@ -610,7 +628,8 @@ def _call(module: ir.Module, collector: _Collector, op: ir.Operation, function: 
           visiting: frozenset[str]) -> None:
     """Carry the rules of the function a call the inliner left calls over to what it passes. A
     ``func.call_indirect`` is followed when its callee is a ``func.constant``; one whose callee the rules cannot
-    name, passed an argument, is refused (SignatureError): nothing could tie what it passes."""
+    name is recorded with the arguments it is passed, whose dims must then be named (see
+    :meth:`ShapeRules.unnamed`)."""
     values = list(op.operands)
     if op.name == "func.call":
         name = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
@@ -618,13 +637,7 @@ def _call(module: ir.Module, collector: _Collector, op: ir.Operation, function: 
         values = values[1:]
         constant = _defining_op(op.operands[0])
         if constant is None or constant.name != "func.constant":
-            if any(collector.extents(v) is not None for v in values if isinstance(v.type, ir.ShapedType)):
-                raise SignatureError(
-                    f"{collector.kernel}(): {reason} calls a function that is not a func.constant, and passes it "
-                    "an argument: the shape rules cannot read which function runs, so nothing checks the dims "
-                    "it indexes. Call the function with func.call (or take it from func.constant), or name the "
-                    "dims in a callee memkernel can read."
-                )
+            collector.unfollowed(reason, values)
             return
         name = ir.FlatSymbolRefAttr(constant.attributes["value"]).value
     callee = _callee_rules(module, name, visiting)

@@ -107,6 +107,26 @@ class ShapeRules:
     """Reshapes of the arguments (see :mod:`memkernel.model.views`), which ``through_views`` names: dim ``k`` of
     view ``i`` of a kernel of ``n`` arguments is ``Dim(n + i, k)``. The checked path alone checks them."""
     through_views: ShapeRules | None = None
+    unfollowed: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    """Calls the rules cannot follow (a ``func.call_indirect`` of a function chosen at run time): what makes
+    each (``@k's func.call_indirect``) and the arguments it is passed, whose dims must all be named or static
+    (see :meth:`unnamed`)."""
+
+    def unnamed(self, kernel: str, specs: Sequence[ArgSpec], called: Sequence[str]) -> None:
+        """Raise a SignatureError for a call the rules cannot follow that is passed an argument with a ``?``
+        dim its annotation does not name: nothing else would tie the dims the callee indexes."""
+        for reason, args in self.unfollowed:
+            for arg in args:
+                spec, tokens = specs[arg], self.names.get(arg, ())
+                dynamic = [k for k, size in enumerate(spec.shape) if size is None] \
+                    if isinstance(spec, MemRefSpec) else [0]
+                if any(k >= len(tokens) or tokens[k] == "_" for k in dynamic):
+                    raise SignatureError(
+                        f"{kernel}(): {reason} calls a function that is not a func.constant, passing "
+                        f"{called[arg]}: the shape rules cannot read which function runs, so nothing ties the dims "
+                        f"it indexes. Name every dim of what it is passed (e.g. {called[arg]}: \"N\"), or call the "
+                        "function with func.call."
+                    )
 
     def source_of(self, dim: Dim, n_inputs: int, specs: Sequence[ArgSpec]) -> Dim | int | None:
         """Where an output dim's size comes from: an input's dim, a static size, or None if nothing says."""

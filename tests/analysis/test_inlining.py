@@ -233,11 +233,32 @@ func.func @k(%a: memref<?xf32>, %o: memref<?xf32>, %go: i1) {""").replace("""  f
   func.call_indirect %h(""")
 
 
-def test_a_call_indirect_of_a_function_the_rules_cannot_name_is_refused_at_decoration():
+def test_a_call_indirect_of_a_function_the_rules_cannot_name_is_refused_unless_the_dims_are_named():
     with pytest.raises(SignatureError, match=re.escape(
-            "k(): @k's func.call_indirect calls a function that is not a func.constant, and passes it an argument: "
-            "the shape rules cannot read which function runs, so nothing checks the dims it indexes.")):
+            "k(): @k's func.call_indirect calls a function that is not a func.constant, passing a: the shape rules "
+            "cannot read which function runs, so nothing ties the dims it indexes. Name every dim of what it is "
+            "passed (e.g. a: \"N\"), or call the function with func.call.")):
         mlir_kernel(INDIRECT_CHOSEN, name="k")(lambda a, o, go: None)
+
+    def half_named(a: "N", o: "_", go):  # type: ignore[no-untyped-def]  # noqa: F821
+        return None
+
+    with pytest.raises(SignatureError, match="passing o: "):
+        mlir_kernel(INDIRECT_CHOSEN, name="k")(half_named)
+
+
+def test_a_call_indirect_of_a_function_the_rules_cannot_name_is_tied_by_the_named_dims():
+    def copy_or_not(a: "N", o: "N", go):  # type: ignore[no-untyped-def]  # noqa: F821
+        return None
+
+    k = mlir_kernel(INDIRECT_CHOSEN, name="k")(copy_or_not)
+    a, o = np.arange(10, 16, dtype=F32), np.zeros(6, F32)
+    k(a, o, True)
+    np.testing.assert_array_equal(o, a)
+    big = np.full(8, -1, F32)
+    with pytest.raises(ShapeError, match=re.escape("k(): N is 6 from a but 2 from o (dims 0 and 0)")):
+        k(a, big[:2], True)
+    assert (big == -1).all()
 
 
 # y[-1] = 7 in @put, of two blocks, called in a loop over x: wrong whenever the loop runs.
