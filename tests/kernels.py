@@ -413,5 +413,26 @@ module attributes {transform.with_named_sequence} {
 SPREAD = """
 func.func @spread(%x: memref<?xf32>, %out: memref<?x?xf32>) {
   return
+}"""
+
+# t = x[0:3] through a cast of t to memref<3xf32>; w = x[1:1 + len(w)] through a subview sized by dim(w); and
+# z[i] = x[i - 1] for each i of z, which reads x[-1] whenever z is not empty.
+SLICES_AND_CASTS = """
+func.func @parts(%x: memref<?xf32>, %w: memref<?xf32>, %z: memref<?xf32>, %t: memref<?xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %head = memref.subview %x[0] [3] [1] : memref<?xf32> to memref<3xf32, strided<[1]>>
+  %c = memref.cast %t : memref<?xf32> to memref<3xf32>
+  linalg.copy ins(%head : memref<3xf32, strided<[1]>>) outs(%c : memref<3xf32>)
+  %n = memref.dim %w, %c0 : memref<?xf32>
+  %tail = memref.subview %x[1] [%n] [1] : memref<?xf32> to memref<?xf32, strided<[1], offset: 1>>
+  linalg.copy ins(%tail : memref<?xf32, strided<[1], offset: 1>>) outs(%w : memref<?xf32>)
+  %m = memref.dim %z, %c0 : memref<?xf32>
+  scf.for %i = %c0 to %m step %c1 {
+    %j = arith.subi %i, %c1 : index
+    %v = memref.load %x[%j] : memref<?xf32>
+    memref.store %v, %z[%i] : memref<?xf32>
+  }
+  return
 }
 """

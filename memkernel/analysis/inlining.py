@@ -21,6 +21,7 @@ call-site location whose innermost callee is the op's location in its callee.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 
 from mlir import ir, passmanager
 
@@ -31,11 +32,20 @@ _INLINE = "builtin.module(inline{default-pipeline=''})"
 
 _GENERALIZE = "builtin.module(func.func(linalg-generalize-named-ops))"
 
+Origin = Callable[[ir.Operation], str]
+"""Where an op was written, for messages (:meth:`Inlined.origin`)."""
+
 
 class Inlined:
-    """The copy of a module the shape rules read, and where each of its ops was written."""
+    """The copy of a module the shape rules read, and where each of its ops was written.
 
-    def __init__(self, module: ir.Module, function: str) -> None:
+    ``before_generalizing`` is called with the function, calls inlined, before named ops are generalized, and
+    with :meth:`origin`: generalizing folds a ``memref.cast`` into the linalg ops that use it, and with it the
+    static sizes it casts to.
+    """
+
+    def __init__(self, module: ir.Module, function: str,
+                 before_generalizing: Callable[[ir.Operation, Origin], None] | None = None) -> None:
         self.kernel = function
         self._written_in = _functions_by_location(module.operation)
         self.copy = module.operation.clone()
@@ -44,6 +54,8 @@ class Inlined:
             del target.attributes["sym_visibility"]  # a private kernel must outlive the inliner's clean-up
         passmanager.PassManager.parse(_INLINE, module.context).run(self.copy)
         self._names = structured_names(self.copy)
+        if before_generalizing is not None:
+            before_generalizing(_function(self.copy, function), self.origin)
         passmanager.PassManager.parse(_GENERALIZE, module.context).run(self.copy)
         self.function = _function(self.copy, function)
 

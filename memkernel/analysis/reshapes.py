@@ -59,7 +59,7 @@ def reshape_view(op: ir.Operation, origin: int, source: tuple[Dim, ...], names: 
                 "so it refuses the kernel. Reinterpret an identity-layout argument, or take a memref.subview, whose "
                 "bounds memkernel checks.")
     if op.name == "memref.reinterpret_cast":
-        parts = _cast_parts(op, size)
+        parts = offsets_sizes_strides(op, size)
         unread = next((what for what, value in parts if value is None), None)
         if unread is not None:
             return _unreadable(unread, names[base])
@@ -105,13 +105,14 @@ def _expanded(op: ir.Operation, source: tuple[Dim, ...], origin: int, size: Reso
     return View(reason, origin, tuple(d for d in dims if d is not None), tuple(splits), guards=guards)
 
 
-def _cast_parts(op: ir.Operation, size: Resolve) -> list[tuple[str, Size | None]]:
-    """A reinterpret_cast's offset, sizes and strides, each named for messages, as sizes where readable."""
+def offsets_sizes_strides(op: ir.Operation, size: Resolve) -> list[tuple[str, Size | None]]:
+    """The offsets, sizes and strides of a reinterpret_cast (one offset) or a slice (one per dim), in that order,
+    each named for messages, as sizes where readable."""
     segments = list(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"]))
     operands = list(op.operands)
-    start = segments[0]
+    start = sum(segments[:-3])  # the source (and an insert's destination)
     parts: list[tuple[str, Size | None]] = []
-    for kind, count in zip(("offset", "size", "stride"), segments[1:]):
+    for kind, count in zip(("offset", "size", "stride"), segments[-3:]):
         dynamic = iter(operands[start:start + count])
         start += count
         static = list(ir.DenseI64ArrayAttr(op.attributes[f"static_{kind}s"]))

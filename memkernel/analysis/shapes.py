@@ -10,9 +10,12 @@ given by a sum (a convolution's ``oh + kh``) must be large enough for every
 index the loops reach. ``memref.copy`` and elementwise ``arith``/``math`` ops
 on tensors tie every dim of their operands. Only operands that are function
 arguments count, directly or through shape-preserving casts and transposes, or
-reshapes of them (:mod:`memkernel.model.views`). The ops of the functions the
-kernel calls count too (:mod:`memkernel.analysis.inlining`), and only ops that run on
-every call (:func:`unconditional`).
+reshapes of them (:mod:`memkernel.model.views`), or slices of them, whose sizes (a
+constant, or a dim read with ``memref.dim``) are what the op's other operands are
+tied to. A cast of an argument to a static size ties its dim to that size. The ops
+of the functions the kernel calls count too (:mod:`memkernel.analysis.inlining`,
+and a ``func.call_indirect`` of a ``func.constant``), and only ops that run on every
+call (:func:`unconditional`).
 
 The result is a :class:`~memkernel.model.shapes.ShapeRules` (where the dims the
 user names join them): ties (pairs of dims that must be equal,
@@ -22,7 +25,9 @@ Both call paths check the ties and the bounds before every call; the checked pat
 alone checks affine bounds (maps with negative coefficients, floordiv or mod).
 
 Loads, stores and slices add bounds too, where their positions are constants or
-the variables of ``scf.for`` loops over argument dims (see :class:`_LoopNest`).
+the variables of ``scf.for`` loops over argument dims, plus or minus a constant
+(see :class:`_LoopNest`): at their highest index, and at their lowest, which must
+not lie below 0 (a kernel that reaches below 0 on every call is refused).
 """
 
 from __future__ import annotations
@@ -36,8 +41,8 @@ from .ir_callbacks import walk
 from .control_flow import EveryRun
 from ..model.dims import Dim
 from ..model.shapes import AffineBound, Bound, Expr, ShapeRules, Tie
-from .inlining import Inlined, defined_function, structured_names  # noqa: F401  (the CLI reads structured_names)
-from .reshapes import KEEP_BASE, RESHAPES, reshape_view
+from .inlining import Inlined, Origin, defined_function, structured_names  # noqa: F401  (the CLI reads structured_names)
+from .reshapes import KEEP_BASE, RESHAPES, offsets_sizes_strides, reshape_view
 from ..model.signature import ArgSpec, MemRefSpec, UnrankedSpec
 from .types import read_signature
 from ..model.views import Size, View
@@ -49,6 +54,13 @@ SHAPE_PRESERVING = frozenset({"memref.cast", "tensor.cast", "bufferization.to_te
                               "sparse_tensor.convert"})
 """Ops whose result has the shape (and, but for a sparse convert, the memory) of their first operand."""
 _CONDITIONAL = frozenset({"scf.if", "scf.index_switch"})
+
+_SLICE_VIEWS = frozenset({"memref.subview", "tensor.extract_slice"})
+"""Ops whose result is a slice of their first operand, of the sizes they are given."""
+
+Extent = Dim | tuple[int, str] | None
+"""How long a value is on one dim: the size of an argument's (or view's) dim; a constant, with what has it (for
+messages: ``@k's memref.subview of x``); or unknown."""
 
 
 # -- the IR's ties ----------------------------------------------------------------
@@ -228,6 +240,8 @@ class _Collector:
         self.function = function
         self.entry = function.regions[0].blocks[0]
         self.ranks = [s.rank if isinstance(s, MemRefSpec) else None for s in specs]
+        self.static = {Dim(i, k) for i, s in enumerate(specs) if isinstance(s, MemRefSpec)
+                       for k, size in enumerate(s.shape) if size is not None}
         self.n = len(specs)
         self.names = list(names)
         self.origin = origin
@@ -239,10 +253,75 @@ class _Collector:
         self.ties: list[Tie] = []
         self.bounds: list[Bound] = []
         self.affine_bounds: list[AffineBound] = []
+        self.calls: list[tuple[str, tuple[int, ...]]] = []
+        """The calls the rules cannot follow (see :meth:`unfollowed`)."""
 
     def tie(self, a: Dim, b: Dim, reason: str) -> None:
         if a != b:
             self.ties.append(Tie(a, b, reason))
+
+    def tie_extents(self, a: Extent, b: Extent, reason: str) -> None:
+        """Tie two extents: two dims, or a dim to a constant (two constants the verifier has compared)."""
+        if isinstance(a, Dim) and isinstance(b, Dim):
+            self.tie(a, b, reason)
+        elif isinstance(a, Dim) and isinstance(b, tuple):
+            self.fix(a, b[0], reason, f"{b[1]} has {b[0]} there")
+        elif isinstance(b, Dim) and isinstance(a, tuple):
+            self.fix(b, a[0], reason, f"{a[1]} has {a[0]} there")
+
+    def fix(self, dim: Dim, size: int, reason: str, has: str) -> None:
+        """``dim`` must be ``size`` (unless its type says so already): ``has`` says what has that size."""
+        if dim not in self.static:
+            tie = Tie(dim, None, reason, size=size, has=has)
+            if tie not in self.ties:
+                self.ties.append(tie)
+
+    def extents(self, value: ir.Value) -> tuple[Extent, ...] | None:
+        """How long ``value`` is on each dim: as :meth:`dims_of` finds it, or for a slice (see
+        :meth:`slice_sizes`); None for anything else."""
+        found = self.dims_of(value)
+        if found is not None:
+            return found[1]
+        origin, order = trace(value, self.entry)
+        if not isinstance(origin, ir.Operation) or origin.name not in _SLICE_VIEWS:
+            return None
+        sizes = self.slice_sizes(origin, ir.ShapedType(origin.results[0].type).rank)
+        if sizes is None or order is None:
+            return sizes
+        return tuple(sizes[k] for k in order)
+
+    def slice_sizes(self, op: ir.Operation, rank: int | None = None) -> tuple[Extent, ...] | None:
+        """The sizes of a slice (a ``memref.subview``/``tensor.extract_slice`` result, or what a
+        ``tensor.insert_slice`` inserts, of ``rank`` dims, without the unit dims it drops; all of them if
+        ``rank`` is None): constants, dims read with ``memref.dim``/``tensor.dim``, or unknown; None when it
+        drops unit dims ambiguously."""
+        parts = offsets_sizes_strides(op, self.size)
+        count = len(parts) // 3
+        origin, _ = trace(op.operands[_SLICES[op.name]], self.entry)
+        what = f"{self.origin(op)} of {self.names[origin] if isinstance(origin, int) else 'a value'}"
+        sizes: list[Extent] = []
+        for _, size in parts[count:2 * count]:
+            if size is None or size.divisor != 1 or len(size.factors) > 1 or size.factors and size.constant != 1:
+                sizes.append(None)
+            else:
+                sizes.append(size.factors[0] if size.factors else (size.constant, what))
+        dropped = 0 if rank is None else len(sizes) - rank
+        if dropped:
+            ones = [k for k, size in enumerate(sizes) if isinstance(size, tuple) and size[0] == 1]
+            if len(ones) != dropped:
+                return None
+            sizes = [size for k, size in enumerate(sizes) if k not in ones]
+        return tuple(sizes)
+
+    def cast(self, op: ir.Operation, reason: str) -> None:
+        """A cast to a type with static dims: the dims it casts must have those sizes."""
+        result = op.results[0].type
+        found = self.extents(op.operands[0])
+        if found is None or not isinstance(result, ir.ShapedType) or not result.has_rank:
+            return
+        for here, size in zip(found, result.shape):
+            if isinstance(here, Dim) and size != _DYNAMIC:
+                self.fix(here, size, reason, f"it casts {self.names[here.arg]} to {result}")
 
     def dims_of(self, value: ir.Value) -> tuple[int, tuple[Dim, ...]] | None:
         """The argument or view that ``value`` is (as :func:`trace` finds it), and the dim each of ``value``'s
@@ -311,13 +390,17 @@ class _Collector:
 
     def structured(self, op: ir.Operation, reason: str) -> None:
         maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
-        operands = [self.dims_of(v) for v in list(op.operands)[:len(maps)]]
-        placed = [(found[1], amap) for found, amap in zip(operands, maps) if found is not None]
-        # Each loop dim is tied to the first argument dim it indexes (a view's dim only if no argument's).
+        operands = [self.extents(v) for v in list(op.operands)[:len(maps)]]
+        placed = [(found, amap) for found, amap in zip(operands, maps) if found is not None]
+        # Each loop dim is tied to the first argument dim it indexes (a view's dim only if no argument's), or to
+        # the first constant size a slice gives it.
         loop_dims: dict[int, Dim] = {}
+        loop_sizes: dict[int, tuple[int, str]] = {}
         for dims, amap in placed:
             for here, expr in zip(dims, amap.results):
-                if isinstance(expr, ir.AffineDimExpr):
+                if isinstance(expr, ir.AffineDimExpr) and isinstance(here, tuple):
+                    loop_sizes.setdefault(expr.position, here)
+                elif isinstance(expr, ir.AffineDimExpr) and isinstance(here, Dim):
                     first = loop_dims.setdefault(expr.position, here)
                     if first.arg >= self.n and here.arg < self.n:
                         loop_dims[expr.position] = here
@@ -325,8 +408,14 @@ class _Collector:
         general: list[tuple[Dim, Expr]] = []
         for dims, amap in placed:
             for here, expr in zip(dims, amap.results):
+                if not isinstance(here, Dim):
+                    continue
                 if isinstance(expr, ir.AffineDimExpr):
-                    self.tie(loop_dims[expr.position], here, reason)
+                    known = loop_sizes.get(expr.position)
+                    if known is not None:
+                        self.tie_extents(here, known, reason)
+                    else:
+                        self.tie(loop_dims[expr.position], here, reason)
                     continue
                 serialized = _expression(expr)
                 linear = _linear(serialized)
@@ -335,9 +424,11 @@ class _Collector:
                 elif serialized is not None:
                     general.append((here, serialized))
         for target, terms, constant in affine:
-            if all(d in loop_dims for d in terms):
-                self.bounds.append(Bound(target, tuple((c, loop_dims[d]) for d, c in sorted(terms.items())),
-                                         constant, reason))
+            fixed = {d: loop_sizes[d][0] for d in terms if d in loop_sizes}
+            if all(d in loop_dims or d in fixed for d in terms) and all(fixed.values()):
+                constant += sum(terms[d] * (size - 1) for d, size in fixed.items())
+                self.bounds.append(Bound(target, tuple((c, loop_dims[d]) for d, c in sorted(terms.items())
+                                                       if d not in fixed), constant, reason))
         for target, serialized in general:
             used = sorted(_dims_of(serialized))
             if all(j in loop_dims for j in used):
@@ -348,27 +439,42 @@ class _Collector:
         """Add ``bound``, unless it is there already or always holds (a dim that reaches its own end)."""
         own = [c for c, d in bound.terms if d == bound.target]
         others = [c for c, d in bound.terms if d != bound.target]
-        if own == [1] and bound.constant <= 0 and not any(others):
+        if own == [1] and bound.constant <= 0 and not any(others) and bound.lowest >= 0:
             return
         if bound not in self.bounds:
             self.bounds.append(bound)
 
     def slice(self, op: ir.Operation, source: ir.Value, nest: _LoopNest, reason: str) -> None:
         """A ``memref.subview``/``tensor.extract_slice``/``tensor.insert_slice`` of ``source``: each dim whose
-        offset, size and stride are constants must reach the slice's last index."""
+        offset and stride are constants, and whose size is a constant or a dim read with ``memref.dim``, must
+        reach the slice's last index, and its first must not lie below 0."""
         found = self.dims_of(source)
         if found is None:
             return
         parts = [ir.DenseI64ArrayAttr(op.attributes[f"static_{kind}"]) for kind in ("offsets", "sizes", "strides")]
-        for dim, offset, size, stride in zip(found[1], *parts):
-            if _DYNAMIC not in (offset, size, stride) and size > 0:
-                self.bound(Bound(dim, nest.guards, offset + (size - 1) * stride, reason, "reaches"))
+        sizes = self.slice_sizes(op) if len(found[1]) == len(parts[1]) else None
+        if op.name == "tensor.insert_slice":  # what it inserts has the slice's sizes
+            inserted = self.extents(op.operands[0])
+            dims = self.slice_sizes(op, ir.ShapedType(op.operands[0].type).rank)
+            if inserted is not None and dims is not None and len(inserted) == len(dims):
+                for a, b in zip(inserted, dims):
+                    self.tie_extents(a, b, reason)
+        for k, (dim, offset, size, stride) in enumerate(zip(found[1], *parts)):
+            read = sizes[k] if sizes is not None else None
+            if offset == _DYNAMIC or stride == _DYNAMIC:
+                continue
+            if size != _DYNAMIC and size > 0:
+                last = offset + (size - 1) * stride
+                self.bound(Bound(dim, nest.guards, max(offset, last), reason, "reaches", min(offset, last)))
+            elif isinstance(read, Dim) and stride > 0:
+                terms = ((stride, read),) + tuple(g for g in nest.guards if g[1] != read)
+                self.bound(Bound(dim, terms, offset, reason, "reaches", offset))
 
     def element(self, memory: ir.Value, indices: Sequence[ir.Value], nest: _LoopNest, reason: str,
                 shape: Sequence[int] = ()) -> None:
         """A load or store of ``memory`` at ``indices`` (of a vector of ``shape`` over its last dims): each
-        index that is a constant, or a loop's induction variable plus a non-negative constant, must lie inside
-        its dim."""
+        index that is a constant, or a loop's induction variable plus or minus a constant, must lie inside its
+        dim (from 0)."""
         found = self.dims_of(memory)
         if found is None:
             return
@@ -376,8 +482,8 @@ class _Collector:
         for dim, index, extent in zip(found[1], indices, extents):
             reach = nest.reach(index)
             if reach is not None and extent > 0:
-                terms, constant = reach
-                self.bound(Bound(dim, terms, constant + extent - 1, reason, "reaches"))
+                terms, highest, lowest = reach
+                self.bound(Bound(dim, terms, highest + extent - 1, reason, "reaches", lowest))
 
     def dim(self, value: ir.Value) -> Dim | None:
         """The argument or view dim ``value`` is the size of (a ``memref.dim``/``tensor.dim`` at a constant
@@ -390,38 +496,62 @@ class _Collector:
         return None if found is None or k is None or not 0 <= k < len(found[1]) else found[1][k]
 
     def all_dims(self, op: ir.Operation, reason: str) -> None:
-        operands = [found[1] for found in map(self.dims_of, op.operands) if found is not None]
+        operands = [found for found in map(self.extents, op.operands) if found is not None]
         for other in operands[1:]:
             if len(other) == len(operands[0]):
                 for a, b in zip(operands[0], other):
-                    self.tie(a, b, reason)
+                    self.tie_extents(a, b, reason)
 
-    def called(self, op: ir.Operation, callee: ShapeRules, guards: tuple[tuple[int, Dim], ...] | None) -> None:
-        """The rules of the function a ``func.call`` calls (the argument rules of ``callee``), on the dims of
-        what the call passes. ``guards``: the loops around the call, as :class:`_LoopNest` gives them (None if
-        something else encloses it: then the callee's bounds are left out, as an access's would be)."""
-        passed = [self.dims_of(v) if isinstance(v.type, ir.ShapedType) else None for v in op.operands]
+    def called(self, values: Sequence[ir.Value], callee: ShapeRules,
+               guards: tuple[tuple[int, Dim], ...] | None) -> None:
+        """The rules of the function a ``func.call`` or ``func.call_indirect`` calls (the argument rules of
+        ``callee``), on the extents of what the call passes (``values``). ``guards``: the loops around the call,
+        as :class:`_LoopNest` gives them (None if something else encloses it: then the callee's bounds are left
+        out, as an access's would be)."""
+        passed = [self.extents(v) if isinstance(v.type, ir.ShapedType) else None for v in values]
 
-        def mapped(dim: Dim) -> Dim | None:
+        def mapped(dim: Dim) -> Extent:
             found = passed[dim.arg] if dim.arg < len(passed) else None
-            return found[1][dim.dim] if found is not None and dim.dim < len(found[1]) else None
+            return found[dim.dim] if found is not None and dim.dim < len(found) else None
 
         for tie in callee.ties:
-            a, b = mapped(tie.a), None if tie.b is None else mapped(tie.b)
-            if a is not None and b is not None:
-                self.tie(a, b, tie.reason)
+            a = mapped(tie.a)
+            if tie.b is None and isinstance(a, Dim):
+                self.fix(a, tie.size, tie.reason, tie.has or f"{tie.reason} is {tie.size}")
+            elif tie.b is not None:
+                self.tie_extents(a, mapped(tie.b), tie.reason)
+        for reason, args in callee.unfollowed:
+            self.unfollowed(reason, [values[a] for a in args if a < len(values)])
         if guards is None:
             return
         for bound in callee.bounds:
             target, terms = mapped(bound.target), [(c, mapped(d)) for c, d in bound.terms]
-            if target is not None and all(d is not None for _, d in terms):
-                self.bound(Bound(target, tuple((c, d) for c, d in terms if d is not None) + guards, bound.constant,
-                                 bound.reason, bound.verb))
+            if not isinstance(target, Dim) or any(d is None for _, d in terms):
+                continue
+            fixed = [size for _, d in terms if isinstance(d, tuple) for size in d[:1]]
+            if all(fixed):  # a slice of 0 elements: nothing is reached
+                constant = bound.constant + sum(c * (d[0] - 1) for c, d in terms if isinstance(d, tuple))
+                self.bound(Bound(target, tuple((c, d) for c, d in terms if isinstance(d, Dim)) + guards, constant,
+                                 bound.reason, bound.verb, bound.lowest))
         for affine in callee.affine_bounds if not guards else ():
             target, loops = mapped(affine.target), [(j, mapped(d)) for j, d in affine.loops]
-            if target is not None and all(d is not None for _, d in loops):
+            if isinstance(target, Dim) and all(isinstance(d, Dim) for _, d in loops):
                 self.affine_bounds.append(AffineBound(target, affine.expr, tuple((j, d) for j, d in loops
-                                                                                 if d is not None), affine.reason))
+                                                                                 if isinstance(d, Dim)),
+                                                      affine.reason))
+
+    def unfollowed(self, reason: str, values: Sequence[ir.Value]) -> None:
+        """A call the rules cannot follow, passed ``values``: the arguments among them (or whose dims size
+        them) must have named dims."""
+        args: set[int] = set()
+        for value in values:
+            found = self.extents(value) if isinstance(value.type, ir.ShapedType) else None
+            origin, _ = trace(value, self.entry)
+            args.update(d.arg for d in found or () if isinstance(d, Dim) and d.arg < self.n)
+            if isinstance(origin, int) and self.ranks[origin] is not None:
+                args.add(origin)
+        if args:
+            self.calls.append((reason, tuple(sorted(args))))
 
     def rules(self) -> ShapeRules:
         """The rules collected: those on views' dims apart, and the views only if something checks them."""
@@ -437,7 +567,8 @@ class _Collector:
         checked = any(v.splits or v.reach for v in self.views) or through.ties or through.bounds \
             or through.affine_bounds
         views = tuple(self.views) if checked else ()
-        return ShapeRules(tuple(ties), tuple(bounds), {}, (), tuple(affine), views, through if views else None)
+        return ShapeRules(tuple(ties), tuple(bounds), {}, (), tuple(affine), views, through if views else None,
+                          tuple(self.calls))
 
 
 def _is_elementwise_on_tensors(op: ir.Operation) -> bool:
@@ -456,10 +587,22 @@ def ir_rules(module: ir.Module, function: str, specs: Sequence[ArgSpec], names: 
     (the functions whose rules are being read). Raises SignatureError for a reshape
     of an argument whose sizes cannot be read (see :mod:`memkernel.analysis.reshapes`).
     """
-    inlined = Inlined(module, function)
+    names = names or [f"argument #{i}" for i in range(len(specs))]
+    casts: list[Tie] = []
+
+    def read_casts(before: ir.Operation, origin: Origin) -> None:
+        """The sizes casts to static dims fix, read before generalizing folds the casts into linalg ops."""
+        early = _Collector(function, before, specs, names, origin)
+        blocks = EveryRun()
+        for op in _operations(before):
+            if op.name in SHAPE_PRESERVING and unconditional(op, before, blocks):
+                early.cast(op, origin(op))
+        casts.extend(t for t in early.ties if t.a.arg < len(specs))
+
+    inlined = Inlined(module, function, read_casts)
     func = inlined.function
-    collector = _Collector(function, func, specs, names or [f"argument #{i}" for i in range(len(specs))],
-                           inlined.origin)
+    collector = _Collector(function, func, specs, names, inlined.origin)
+    collector.ties.extend(casts)
     blocks = EveryRun()
 
     for op in _operations(func):
@@ -472,15 +615,48 @@ def ir_rules(module: ir.Module, function: str, specs: Sequence[ArgSpec], names: 
             collector.all_dims(op, reason)
         elif op.name in RESHAPES:
             collector.dims_of(op.results[0])
-        elif op.name == "func.call":
-            callee = _callee_rules(module, ir.FlatSymbolRefAttr(op.attributes["callee"]).value,
-                                   visiting | {function})
-            if callee is not None:
-                nest = _LoopNest.around(op, func, collector)
-                collector.called(op, callee, None if nest is None else nest.guards)
+        elif op.name in ("func.call", "func.call_indirect"):
+            _call(module, collector, op, func, reason, visiting | {function})
         else:
             _accesses(collector, op, func, reason)
+    if not visiting:
+        _refuse_negative(function, collector)
     return collector.rules()
+
+
+def _call(module: ir.Module, collector: _Collector, op: ir.Operation, function: ir.Operation, reason: str,
+          visiting: frozenset[str]) -> None:
+    """Carry the rules of the function a call the inliner left calls over to what it passes. A
+    ``func.call_indirect`` is followed when its callee is a ``func.constant``; one whose callee the rules cannot
+    name is recorded with the arguments it is passed, whose dims must then be named (see
+    :meth:`ShapeRules.unnamed`)."""
+    values = list(op.operands)
+    if op.name == "func.call":
+        name = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
+    else:
+        values = values[1:]
+        constant = _defining_op(op.operands[0])
+        if constant is None or constant.name != "func.constant":
+            collector.unfollowed(reason, values)
+            return
+        name = ir.FlatSymbolRefAttr(constant.attributes["value"]).value
+    callee = _callee_rules(module, name, visiting)
+    if callee is not None:
+        nest = _LoopNest.around(op, function, collector)
+        collector.called(values, callee, None if nest is None else nest.guards)
+
+
+def _refuse_negative(kernel: str, collector: _Collector) -> None:
+    """Refuse a kernel that reaches an index below 0 on every call (no loop around the access can run no
+    times): that access is outside its array whatever the array's size."""
+    for bound in collector.bounds:
+        if bound.lowest < 0 and not bound.terms:
+            name = collector.names[bound.target.arg]
+            raise SignatureError(
+                f"{kernel}(): {bound.reason} {bound.verb} index {bound.lowest} of {name} on dim "
+                f"{bound.target.dim}, on every call: an index below 0 is outside {name} whatever its size. "
+                "Index from 0."
+            )
 
 
 def _callee_rules(module: ir.Module, callee: str, visiting: frozenset[str]) -> ShapeRules | None:
@@ -541,26 +717,28 @@ class _LoopNest:
             parent = parent.parent
         return _LoopNest(dict(reversed(loops)))
 
-    def reach(self, index: ir.Value) -> tuple[tuple[tuple[int, Dim], ...], int] | None:
-        """The largest value ``index`` takes, as bound terms and a constant: for a constant, a loop's
-        induction variable, or one plus a non-negative constant; None for anything else."""
+    def reach(self, index: ir.Value) -> tuple[tuple[tuple[int, Dim], ...], int, int] | None:
+        """The largest value ``index`` takes, as bound terms and a constant, and its least, a constant: for a
+        constant, a loop's induction variable, or one plus or minus a constant; None for anything else."""
         offset = 0
         owner = _defining_op(index)
-        if owner is not None and owner.name == "arith.addi":
-            for variable, other in (owner.operands[0], owner.operands[1]), (owner.operands[1], owner.operands[0]):
+        if owner is not None and owner.name in ("arith.addi", "arith.subi"):
+            first, second = owner.operands[0], owner.operands[1]
+            sign = 1 if owner.name == "arith.addi" else -1
+            for variable, other in ((first, second), (second, first))[:2 if sign == 1 else 1]:
                 added = _constant(other)
-                if added is not None and added >= 0 and variable in self._loops:
-                    index, offset = variable, added
+                if added is not None and variable in self._loops:
+                    index, offset = variable, sign * added
                     break
         constant = _constant(index)
         if constant is not None:
-            return self.guards, constant
+            return self.guards, constant, constant
         if index not in self._loops:
             return None
         end, dim = self._loops[index]
         if dim is None:
-            return self.guards, end - 1 + offset
-        return tuple((1 if d == dim else 0, d) for _, d in self.guards), offset
+            return self.guards, end - 1 + offset, offset
+        return tuple((1 if d == dim else 0, d) for _, d in self.guards), offset, offset
 
 
 _ELEMENT_ACCESSES = {"memref.load": 0, "tensor.extract": 0, "memref.store": 1, "tensor.insert": 1,

@@ -509,7 +509,8 @@ class _Generator:
 
     def _check_shapes(self) -> None:
         """The compiled form of :meth:`ShapeRules.check`'s ties (dims that must be equal, or a constant) and
-        bounds (a dim that must reach a linear sum of others, unless one of those is empty)."""
+        bounds (a dim that must reach a linear sum of others, and no index below 0, unless one of those is
+        empty)."""
         e = self.e
         conditions = []
         for tie in self.ties:
@@ -527,6 +528,8 @@ class _Generator:
                 none = e.icmp("eq", size, e.const(0))
                 empty = none if empty is None else e.value(f"llvm.or {empty}, {none} : i1")
             fits = e.icmp("sgt", self.sizes[bound.target.arg][bound.target.dim], reach)
+            if bound.lowest < 0:  # an index below 0 is outside the target whatever its size
+                fits = e.const(0, "i1")
             if overflows:  # a reach past 2**63 is declined; the checked path says by how much it misses
                 fits = e.value(f"llvm.and {fits}, {e.none_of(overflows)} : i1")
             conditions.append(fits if empty is None else e.value(f"llvm.or {fits}, {empty} : i1"))

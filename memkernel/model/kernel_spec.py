@@ -178,4 +178,5 @@ def bind(ir: KernelIR, function: Callable[..., Any]) -> KernelSpec:
     )
     named, names, outputs = named_rules(name, parameters, returned, signature.args)
     shapes = dataclasses.replace(ir.rules, ties=ir.rules.ties + tuple(named), names=names, output_names=outputs)
+    shapes.unnamed(name, signature.args, called)
     return KernelSpec(name, signature, parameters, written, contracts, shapes, ir.foreign)

@@ -37,6 +37,8 @@ class Tie:
     reason: str
     named: bool = False
     size: int = 0
+    has: str = ""
+    """What has ``size``, for the message (``@k's memref.subview of x has 4 on dim 0``); empty: ``reason``."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,9 @@ class Bound:
     reason: str
     verb: str = "reads"
     """What ``reason`` does at the index: a linalg op reads there; a load, store or slice reaches it."""
+    lowest: int = 0
+    """The least index reached (when every ``dim`` of ``terms`` is non-empty): one below 0 is outside
+    ``target`` whatever its size, so the bound then holds only when one of those dims is empty."""
 
 
 Expr = tuple
@@ -102,6 +107,26 @@ class ShapeRules:
     """Reshapes of the arguments (see :mod:`memkernel.model.views`), which ``through_views`` names: dim ``k`` of
     view ``i`` of a kernel of ``n`` arguments is ``Dim(n + i, k)``. The checked path alone checks them."""
     through_views: ShapeRules | None = None
+    unfollowed: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    """Calls the rules cannot follow (a ``func.call_indirect`` of a function chosen at run time): what makes
+    each (``@k's func.call_indirect``) and the arguments it is passed, whose dims must all be named or static
+    (see :meth:`unnamed`)."""
+
+    def unnamed(self, kernel: str, specs: Sequence[ArgSpec], called: Sequence[str]) -> None:
+        """Raise a SignatureError for a call the rules cannot follow that is passed an argument with a ``?``
+        dim its annotation does not name: nothing else would tie the dims the callee indexes."""
+        for reason, args in self.unfollowed:
+            for arg in args:
+                spec, tokens = specs[arg], self.names.get(arg, ())
+                dynamic = [k for k, size in enumerate(spec.shape) if size is None] \
+                    if isinstance(spec, MemRefSpec) else [0]
+                if any(k >= len(tokens) or tokens[k] == "_" for k in dynamic):
+                    raise SignatureError(
+                        f"{kernel}(): {reason} calls a function that is not a func.constant, passing "
+                        f"{called[arg]}: the shape rules cannot read which function runs, so nothing ties the dims "
+                        f"it indexes. Name every dim of what it is passed (e.g. {called[arg]}: \"N\"), or call the "
+                        "function with func.call."
+                    )
 
     def source_of(self, dim: Dim, n_inputs: int, specs: Sequence[ArgSpec]) -> Dim | int | None:
         """Where an output dim's size comes from: an input's dim, a static size, or None if nothing says."""
@@ -133,6 +158,12 @@ class ShapeRules:
             if first is None:
                 continue
             if tie.b is None:
+                if first[tie.a.dim] != tie.size and tie.has:
+                    raise ShapeError(
+                        f"{kernel}(): {names[tie.a.arg]} has {first[tie.a.dim]} elements on dim {tie.a.dim} but "
+                        f"{tie.reason} needs {tie.size} there ({tie.has}). Pass {names[tie.a.arg]} with dim "
+                        f"{tie.a.dim} == {tie.size}."
+                    )
                 if first[tie.a.dim] != tie.size:
                     raise ShapeError(
                         f"{kernel}(): {names[tie.a.arg]} has {first[tie.a.dim]} elements on dim {tie.a.dim} but "
@@ -201,9 +232,16 @@ class ShapeRules:
             return
         needed = sum(c * (n - 1) for (c, _), n in zip(bound.terms, lengths)) + bound.constant + 1
         have = target[bound.target.dim]
+        given = ", ".join(f"{names[d.arg]} dim {d.dim} = {n}" for (_, d), n in zip(bound.terms, lengths))
+        name = names[bound.target.arg]
+        if bound.lowest < 0:
+            raise ShapeError(
+                f"{kernel}(): {name} has {have} elements on dim {bound.target.dim} but {bound.reason} "
+                f"{bound.verb} indices {bound.lowest} to {needed - 1} there{f' ({given})' if given else ''}; they "
+                f"must lie in 0 to {have - 1}, and index {bound.lowest} is before the start of {name} whatever its "
+                "size: the kernel indexes out of bounds."
+            )
         if have < needed:
-            given = ", ".join(f"{names[d.arg]} dim {d.dim} = {n}" for (_, d), n in zip(bound.terms, lengths))
-            name = names[bound.target.arg]
             if any(c > 0 and d == bound.target for c, d in bound.terms):
                 remedy = (f"that is past the end of {name} whatever its size, since the loops run over its own "
                           "length: the kernel indexes out of bounds.")

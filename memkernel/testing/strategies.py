@@ -87,13 +87,16 @@ class _Classes:
 
 
 def _satisfy_bounds(sizes: dict[Dim, int], classes: _Classes, bounds: tuple[Bound, ...]) -> bool:
-    """Raise bounded classes to their bounds, in place; False if a fixed size cannot meet one."""
+    """Raise bounded classes to their bounds, in place; False if a fixed size cannot meet one, or one reaches
+    below index 0 (only sizes that leave its loops empty meet it)."""
     for _ in range(len(bounds) + 1):
         changed = False
         for bound in bounds:
             lengths = [sizes[classes.root(d)] for _, d in bound.terms]
             if any(n == 0 for n in lengths):
                 continue
+            if bound.lowest < 0:  # an index below 0: only sizes that leave the loops empty meet it
+                return False
             needed = sum(c * (n - 1) for (c, _), n in zip(bound.terms, lengths)) + bound.constant + 1
             target = classes.root(bound.target)
             if sizes[target] >= needed:

@@ -149,13 +149,13 @@ def _check_bound(kernel: str, bound: Bound, classes: dict[Dim, Dim], fixed: dict
     """Accept a bound every size the signature allows meets: one the fixed sizes meet (a static access in a
     static memref), or a dim at least as large as the dim it is tied to; refuse the others."""
     target = classes[bound.target]
-    if bound.constant <= 0 and len(bound.terms) == 1 and bound.terms[0][0] == 1 \
+    if bound.constant <= 0 and bound.lowest >= 0 and len(bound.terms) == 1 and bound.terms[0][0] == 1 \
             and classes[bound.terms[0][1]] == target:
         return
     dims = [target, *(classes[d] for _, d in bound.terms)]
     if all(d in fixed for d in dims):
         reach = bound.constant + sum(c * (fixed[classes[d]] - 1) for c, d in bound.terms)
-        if fixed[target] > reach or any(fixed[classes[d]] == 0 for _, d in bound.terms):
+        if fixed[target] > reach and bound.lowest >= 0 or any(fixed[classes[d]] == 0 for _, d in bound.terms):
             return
     raise _refuse(kernel, f"{bound.reason} needs a dim at least as large as other dims (a window or an offset "
                   "access); a gufunc signature can only say that dims are equal or fixed.")

@@ -7,7 +7,9 @@ import re
 import numpy as np
 import pytest
 
-from memkernel import ShapeError, mlir_kernel
+from memkernel import ShapeError, SignatureError, mlir_kernel
+
+from ..fastpath.conftest import with_fast_path
 
 F32 = np.float32
 
@@ -156,3 +158,134 @@ def test_a_call_under_scf_if_ties_nothing():
     out = np.zeros(2, F32)
     maybe(np.ones(5, F32), np.ones(5, F32), False, out=out)
     assert not out.any()
+
+
+# o = a[2:6], the slice passed to @work, whose linalg.copy writes o: o must have the slice's 4 elements.
+SLICE_THROUGH_A_CALL = """func.func private @work(%a: memref<?xf32, strided<[?], offset: ?>>, %o: memref<?xf32>) {
+  linalg.copy ins(%a : memref<?xf32, strided<[?], offset: ?>>) outs(%o : memref<?xf32>)
+  return
+}
+func.func @k(%a: memref<?xf32>, %o: memref<?xf32>) {
+  %s = memref.subview %a[2] [4] [1] : memref<?xf32> to memref<4xf32, strided<[1], offset: 2>>
+  %c = memref.cast %s : memref<4xf32, strided<[1], offset: 2>> to memref<?xf32, strided<[?], offset: ?>>
+  func.call @work(%c, %o) : (memref<?xf32, strided<[?], offset: ?>>, memref<?xf32>) -> ()
+  return
+}"""
+
+# The same, @work of two blocks called from a loop body: the inliner leaves the call, its rules are carried over.
+SLICE_THROUGH_A_CALL_LEFT = SLICE_THROUGH_A_CALL.replace("""  linalg.copy ins""", """  cf.br ^copy
+^copy:
+  linalg.copy ins""").replace("""  func.call @work(%c, %o) : (memref<?xf32, strided<[?], offset: ?>>, memref<?xf32>) -> ()
+""", """  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  scf.for %i = %c0 to %c1 step %c1 {
+    func.call @work(%c, %o) : (memref<?xf32, strided<[?], offset: ?>>, memref<?xf32>) -> ()
+  }
+""")
+
+
+@pytest.mark.parametrize("source", [SLICE_THROUGH_A_CALL, SLICE_THROUGH_A_CALL_LEFT], ids=["inlined", "left"])
+def test_a_slice_passed_to_a_callee_ties_what_the_callee_does_with_it(source):
+    k = mlir_kernel(source, name="k")(lambda a, o: None)
+    a, o = np.arange(10, 18, dtype=F32), np.zeros(4, F32)
+    k(a, o)
+    np.testing.assert_array_equal(o, a[2:6])
+    big = np.full(8, -1, F32)
+    with pytest.raises(ShapeError, match=re.escape(
+            "k(): o has 2 elements on dim 0 but @work's linalg.copy needs 4 there (@k's memref.subview of a has 4 "
+            "there). Pass o with dim 0 == 4.")):
+        k(a, big[:2])
+    assert (big == -1).all()
+
+
+# o = a through a function value: func.call_indirect of a func.constant.
+INDIRECT = """func.func private @work(%a: memref<?xf32>, %o: memref<?xf32>) {
+  linalg.copy ins(%a : memref<?xf32>) outs(%o : memref<?xf32>)
+  return
+}
+func.func @k(%a: memref<?xf32>, %o: memref<?xf32>) {
+  %f = func.constant @work : (memref<?xf32>, memref<?xf32>) -> ()
+  func.call_indirect %f(%a, %o) : (memref<?xf32>, memref<?xf32>) -> ()
+  return
+}"""
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "checked"])
+def test_a_call_indirect_of_a_func_constant_carries_its_callees_rules_over(fast):
+    k = with_fast_path(mlir_kernel(INDIRECT, name="k")(lambda a, o: None), fast)
+    a = np.arange(10, 16, dtype=F32)
+    o = np.zeros(6, F32)
+    k(a, o)
+    np.testing.assert_array_equal(o, a)
+    big = np.full(8, -1, F32)
+    with pytest.raises(ShapeError, match=re.escape(
+            "k(): a has 6 elements on dim 0 but o has 2 on dim 0; @work's linalg.copy needs them equal.")):
+        k(a, big[:2])
+    assert (big == -1).all()
+
+
+# Which function runs is chosen at the call: the rules cannot follow it.
+INDIRECT_CHOSEN = INDIRECT.replace("func.func @k(%a: memref<?xf32>, %o: memref<?xf32>) {", """func.func private @none(%a: memref<?xf32>, %o: memref<?xf32>) {
+  return
+}
+func.func @k(%a: memref<?xf32>, %o: memref<?xf32>, %go: i1) {""").replace("""  func.call_indirect %f(""", """  %g = func.constant @none : (memref<?xf32>, memref<?xf32>) -> ()
+  %h = arith.select %go, %f, %g : (memref<?xf32>, memref<?xf32>) -> ()
+  func.call_indirect %h(""")
+
+
+def test_a_call_indirect_of_a_function_the_rules_cannot_name_is_refused_unless_the_dims_are_named():
+    with pytest.raises(SignatureError, match=re.escape(
+            "k(): @k's func.call_indirect calls a function that is not a func.constant, passing a: the shape rules "
+            "cannot read which function runs, so nothing ties the dims it indexes. Name every dim of what it is "
+            "passed (e.g. a: \"N\"), or call the function with func.call.")):
+        mlir_kernel(INDIRECT_CHOSEN, name="k")(lambda a, o, go: None)
+
+    def half_named(a: "N", o: "_", go):  # type: ignore[no-untyped-def]  # noqa: F821
+        return None
+
+    with pytest.raises(SignatureError, match="passing o: "):
+        mlir_kernel(INDIRECT_CHOSEN, name="k")(half_named)
+
+
+def test_a_call_indirect_of_a_function_the_rules_cannot_name_is_tied_by_the_named_dims():
+    def copy_or_not(a: "N", o: "N", go):  # type: ignore[no-untyped-def]  # noqa: F821
+        return None
+
+    k = mlir_kernel(INDIRECT_CHOSEN, name="k")(copy_or_not)
+    a, o = np.arange(10, 16, dtype=F32), np.zeros(6, F32)
+    k(a, o, True)
+    np.testing.assert_array_equal(o, a)
+    big = np.full(8, -1, F32)
+    with pytest.raises(ShapeError, match=re.escape("k(): N is 6 from a but 2 from o (dims 0 and 0)")):
+        k(a, big[:2], True)
+    assert (big == -1).all()
+
+
+# y[-1] = 7 in @put, of two blocks, called in a loop over x: wrong whenever the loop runs.
+BELOW_0_IN_A_CALLEE_LEFT = """func.func private @put(%y: memref<?xf32>) {
+  %cm1 = arith.constant -1 : index
+  %v = arith.constant 7.0 : f32
+  cf.br ^store
+^store:
+  memref.store %v, %y[%cm1] : memref<?xf32>
+  return
+}
+func.func @k(%x: memref<?xf32>, %y: memref<?xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %n = memref.dim %x, %c0 : memref<?xf32>
+  scf.for %i = %c0 to %n step %c1 {
+    func.call @put(%y) : (memref<?xf32>) -> ()
+  }
+  return
+}"""
+
+
+def test_an_index_below_0_in_a_callee_the_inliner_leaves_is_checked_when_the_loop_runs():
+    k = mlir_kernel(BELOW_0_IN_A_CALLEE_LEFT, name="k")(lambda x, y: None)
+    buf = np.full(8, -1, F32)
+    k(np.zeros(0, F32), buf[2:6])
+    with pytest.raises(ShapeError, match=re.escape(
+            "k(): y has 4 elements on dim 0 but @put's memref.store reaches indices -1 to -1 there (x dim 0 = 3)")):
+        k(np.zeros(3, F32), buf[2:6])
+    assert (buf == -1).all()

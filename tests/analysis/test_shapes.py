@@ -14,7 +14,7 @@ import pytest
 from memkernel import ShapeError, SignatureError, mlir_kernel
 
 from ..fastpath.conftest import with_fast_path
-from ..kernels import CONV, LOOP_MATMUL, MATMUL, PAIRS, SCALE
+from ..kernels import CONV, LOOP_MATMUL, MATMUL, PAIRS, SCALE, SLICES_AND_CASTS
 
 REPO = str(Path(__file__).resolve().parents[2])
 F32 = np.float32
@@ -576,3 +576,236 @@ def test_an_op_where_cf_branches_meet_again_still_ties_its_operands():
     with pytest.raises(ShapeError, match=re.escape(
             "add(): a has 4 elements on dim 0 but b has 3 on dim 0; @add's linalg.add needs them equal.")):
         add(a, b[:3], False)
+
+
+# -- indices below 0, casts to static dims, slices the linalg ops see -----------------------------------------
+
+# y[i + shift] = x[i] for each i of x, shift a negative constant: y[-1] (or before) whenever x is not empty.
+def shifted_store(index: str) -> str:
+    return f"""func.func @k(%x: memref<?xf32>, %y: memref<?xf32>) {{
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c3 = arith.constant 3 : index
+  %cm1 = arith.constant -1 : index
+  %n = memref.dim %x, %c0 : memref<?xf32>
+  scf.for %i = %c0 to %n step %c1 {{
+    %v = memref.load %x[%i] : memref<?xf32>
+    %j = {index} : index
+    memref.store %v, %y[%j] : memref<?xf32>
+  }}
+  return
+}}"""
+
+
+BELOW_0 = {"addi %i, %cm1": -1, "addi %cm1, %i": -1, "subi %i, %c1": -1, "subi %i, %c3": -3}
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "checked"])
+@pytest.mark.parametrize("index", BELOW_0)
+def test_a_store_below_the_loop_variable_is_refused_when_the_loop_runs(index, fast):
+    k = with_fast_path(mlir_kernel(shifted_store(f"arith.{index}"))(lambda x, y: None), fast)
+    buf = np.full(12, -1, F32)
+    low = BELOW_0[index]
+    with pytest.raises(ShapeError, match=re.escape(
+            f"k(): y has 4 elements on dim 0 but @k's memref.store reaches indices {low} to {3 + low} there "
+            f"(x dim 0 = 4); they must lie in 0 to 3, and index {low} is before the start of y whatever its size: "
+            "the kernel indexes out of bounds.")):
+        k(np.arange(4, dtype=F32), buf[4:8])
+    assert (buf == -1).all()
+    k(np.zeros(0, F32), buf[4:8])  # the loop runs no times: nothing is written
+    assert (buf == -1).all()
+
+
+# y[i - 1] = x[i] for i from 1: every index lies inside y; the rules do not follow loops from 1, and refuse nothing.
+FROM_ONE = shifted_store("arith.subi %i, %c1").replace("scf.for %i = %c0 to", "scf.for %i = %c1 to")
+
+
+def test_an_index_below_a_loop_variable_that_starts_at_1_is_accepted():
+    k = with_fast_path(mlir_kernel(FROM_ONE)(lambda x, y: None))
+    x, y = np.arange(10, 15, dtype=F32), np.zeros(4, F32)
+    k(x, y)
+    np.testing.assert_array_equal(y, x[1:])
+    assert k.invoker.last_path == "fast"
+
+
+CONSTANT_BELOW_0 = {
+    "memref.store": """func.func @k(%y: memref<?xf32>) {
+  %cm1 = arith.constant -1 : index
+  %v = arith.constant 7.0 : f32
+  memref.store %v, %y[%cm1] : memref<?xf32>
+  return
+}""",
+    "vector.store": """func.func @k(%y: memref<?xf32>) {
+  %cm2 = arith.constant -2 : index
+  %v = arith.constant dense<7.0> : vector<2xf32>
+  vector.store %v, %y[%cm2] : memref<?xf32>, vector<2xf32>
+  return
+}""",
+    "tensor.insert": """func.func @k(%y: memref<?xf32>) {
+  %cm1 = arith.constant -1 : index
+  %v = arith.constant 7.0 : f32
+  %t = bufferization.to_tensor %y restrict writable : memref<?xf32> to tensor<?xf32>
+  %t2 = tensor.insert %v into %t[%cm1] : tensor<?xf32>
+  bufferization.materialize_in_destination %t2 in restrict writable %y : (tensor<?xf32>, memref<?xf32>) -> ()
+  return
+}"""}
+
+
+@pytest.mark.parametrize("op", CONSTANT_BELOW_0)
+def test_a_constant_index_below_0_on_every_call_is_refused_at_decoration(op):
+    low = -2 if op == "vector.store" else -1
+    with pytest.raises(SignatureError, match=re.escape(
+            f"k(): @k's {op} reaches index {low} of y on dim 0, on every call: an index below 0 is outside y "
+            "whatever its size. Index from 0.")):
+        mlir_kernel(CONSTANT_BELOW_0[op])(lambda y: None)
+
+
+# y[-1] = 7 for each i of x: wrong whenever the loop runs, which it does not for an empty x.
+CONSTANT_BELOW_0_IN_A_LOOP = """func.func @k(%x: memref<?xf32>, %y: memref<?xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %cm1 = arith.constant -1 : index
+  %v = arith.constant 7.0 : f32
+  %n = memref.dim %x, %c0 : memref<?xf32>
+  scf.for %i = %c0 to %n step %c1 {
+    memref.store %v, %y[%cm1] : memref<?xf32>
+  }
+  return
+}"""
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "checked"])
+def test_a_constant_index_below_0_in_a_loop_is_checked_at_the_call(fast):
+    k = with_fast_path(mlir_kernel(CONSTANT_BELOW_0_IN_A_LOOP)(lambda x, y: None), fast)
+    buf = np.full(8, -1, F32)
+    k(np.zeros(0, F32), buf[2:6])
+    with pytest.raises(ShapeError, match=re.escape(
+            "k(): y has 4 elements on dim 0 but @k's memref.store reaches indices -1 to -1 there (x dim 0 = 2)")):
+        k(np.zeros(2, F32), buf[2:6])
+    assert (buf == -1).all()
+
+
+CAST_TO_STATIC = {
+    "memref.cast": """func.func @k(%x: f32, %o: memref<?xf32>) {
+  %c = memref.cast %o : memref<?xf32> to memref<4xf32>
+  linalg.fill ins(%x : f32) outs(%c : memref<4xf32>)
+  return
+}""",
+    "tensor.cast": """func.func @k(%x: memref<?xf32>, %o: tensor<?xf32>) -> tensor<4xf32> {
+  %c = tensor.cast %o : tensor<?xf32> to tensor<4xf32>
+  %e = tensor.empty() : tensor<4xf32>
+  %r = linalg.copy ins(%c : tensor<4xf32>) outs(%e : tensor<4xf32>) -> tensor<4xf32>
+  return %r : tensor<4xf32>
+}"""}
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "checked"])
+def test_a_memref_cast_of_an_argument_to_a_static_size_needs_that_size(fast):
+    k = with_fast_path(mlir_kernel(CAST_TO_STATIC["memref.cast"])(lambda x: None), fast)
+    np.testing.assert_array_equal(k(2.5), np.full(4, 2.5, F32))  # the output is allocated at the cast's size
+    big = np.full(8, -1, F32)
+    with pytest.raises(ShapeError, match=re.escape(
+            "k(): out has 2 elements on dim 0 but @k's memref.cast needs 4 there (it casts out to memref<4xf32>). "
+            "Pass out with dim 0 == 4.")):
+        k(2.5, out=big[:2])
+    assert (big == -1).all()
+
+
+def test_a_tensor_cast_of_an_argument_to_a_static_size_needs_that_size():
+    k = mlir_kernel(CAST_TO_STATIC["tensor.cast"])(lambda x, o: None)
+    o = np.arange(4, dtype=F32)
+    np.testing.assert_array_equal(k(np.zeros(1, F32), o), o)
+    with pytest.raises(ShapeError, match=re.escape(
+            "k(): o has 2 elements on dim 0 but @k's tensor.cast needs 4 there (it casts o to tensor<4xf32>). "
+            "Pass o with dim 0 == 4.")):
+        k(np.zeros(1, F32), np.arange(8, dtype=F32)[:2])
+
+
+# o = a[2:6], a slice of a constant size: o must have that size.
+CONSTANT_SLICE_COPY = """func.func @k(%a: memref<?xf32>, %o: memref<?xf32>) {
+  %s = memref.subview %a[2] [4] [1] : memref<?xf32> to memref<4xf32, strided<[1], offset: 2>>
+  linalg.copy ins(%s : memref<4xf32, strided<[1], offset: 2>>) outs(%o : memref<?xf32>)
+  return
+}"""
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "checked"])
+def test_a_slice_of_a_constant_size_ties_the_other_operand_to_it(fast):
+    k = with_fast_path(mlir_kernel(CONSTANT_SLICE_COPY)(lambda a, o: None), fast)
+    a = np.arange(10, 18, dtype=F32)
+    o = np.zeros(4, F32)
+    k(a, o)
+    np.testing.assert_array_equal(o, a[2:6])
+    assert k.invoker.last_path == ("fast" if fast else "checked")
+    big = np.full(8, -1, F32)
+    with pytest.raises(ShapeError, match=re.escape(
+            "k(): o has 2 elements on dim 0 but @k's linalg.copy needs 4 there (@k's memref.subview of a has 4 "
+            "there). Pass o with dim 0 == 4.")):
+        k(a, big[:2])
+    assert (big == -1).all()
+
+
+# o[1:1 + len(x)] = x, through a slice of o sized by x's dim: o must reach 1 + len(x) elements.
+SLICE_SIZED_BY_ANOTHER = """func.func @k(%x: memref<?xf32>, %o: memref<?xf32>) {
+  %c0 = arith.constant 0 : index
+  %n = memref.dim %x, %c0 : memref<?xf32>
+  %s = memref.subview %o[1] [%n] [1] : memref<?xf32> to memref<?xf32, strided<[1], offset: 1>>
+  linalg.copy ins(%x : memref<?xf32>) outs(%s : memref<?xf32, strided<[1], offset: 1>>)
+  return
+}"""
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "checked"])
+def test_a_slice_sized_by_another_arguments_dim_must_fit_its_source(fast):
+    k = with_fast_path(mlir_kernel(SLICE_SIZED_BY_ANOTHER)(lambda x, o: None), fast)
+    x = np.arange(10, 16, dtype=F32)
+    o = np.zeros(7, F32)
+    k(x, o)
+    np.testing.assert_array_equal(o[1:], x)
+    k(x[:0], o[:0])  # an empty slice reaches nothing
+    big = np.full(8, -1, F32)
+    with pytest.raises(ShapeError, match=re.escape(
+            "k(): o has 2 elements on dim 0 but @k's memref.subview reaches up to index 6 there (x dim 0 = 6); "
+            "pass at least 7.")):
+        k(x, big[:2])
+    assert (big == -1).all()
+
+
+# The parts of tests/kernels.py's SLICES_AND_CASTS, against numpy; z[i] = x[i - 1] reads before x.
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "checked"])
+def test_slices_casts_and_a_read_below_0_together(fast):
+    parts = with_fast_path(mlir_kernel(SLICES_AND_CASTS)(lambda x, w, z: None), fast)
+    x, w = np.arange(10, 16, dtype=F32), np.zeros(4, F32)
+    np.testing.assert_array_equal(parts(x, w, np.zeros(0, F32)), x[:3])
+    np.testing.assert_array_equal(w, x[1:5])
+    assert parts.invoker.last_path == ("fast" if fast else "checked")
+    z = np.zeros(2, F32)
+    with pytest.raises(ShapeError, match=re.escape(
+            "parts(): x has 6 elements on dim 0 but @parts's memref.load reaches indices -1 to 0 there (z dim 0 = 2); "
+            "they must lie in 0 to 5")):
+        parts(x, w, z)
+    assert not z.any()
+    with pytest.raises(ShapeError, match="x has 4 elements on dim 0 but @parts's memref.subview reaches up to index 4"):
+        parts(x[:4], w, np.zeros(0, F32))
+
+
+# y[1:1 + len(z)] = x on tensors, the slice sized by z's dim: x must have len(z) elements, y at least one more.
+INSERT_SIZED_BY_ANOTHER = """func.func @k(%x: tensor<?xf32>, %z: tensor<?xf32>, %y: tensor<?xf32>) -> tensor<?xf32> {
+  %c0 = arith.constant 0 : index
+  %n = tensor.dim %z, %c0 : tensor<?xf32>
+  %r = tensor.insert_slice %x into %y[1] [%n] [1] : tensor<?xf32> into tensor<?xf32>
+  return %r : tensor<?xf32>
+}"""
+
+
+def test_an_insert_slice_sized_by_another_arguments_dim_ties_what_it_inserts_and_must_fit():
+    k = mlir_kernel(INSERT_SIZED_BY_ANOTHER)(lambda x, z, y: None)
+    x = np.arange(10, 13, dtype=F32)
+    np.testing.assert_array_equal(k(x, np.zeros(3, F32), np.zeros(5, F32)), [0, 10, 11, 12, 0])
+    with pytest.raises(ShapeError, match=re.escape(
+            "k(): x has 3 elements on dim 0 but z has 2 on dim 0; @k's tensor.insert_slice needs them equal.")):
+        k(x, np.zeros(2, F32), np.zeros(5, F32))
+    with pytest.raises(ShapeError, match=re.escape(
+            "k(): y has 3 elements on dim 0 but @k's tensor.insert_slice reaches up to index 3 there (z dim 0 = 3); "
+            "pass at least 4.")):
+        k(x, np.zeros(3, F32), np.zeros(3, F32))

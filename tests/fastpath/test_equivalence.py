@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from memkernel import Kernel, MemkernelError, mlir_kernel, shared_asarray
 
-from ..kernels import elementwise, loop_map, strided_window
+from ..kernels import SLICES_AND_CASTS, elementwise, loop_map, strided_window
 from .conftest import HAS_ENTRIES, with_fast_path
 
 try:
@@ -410,6 +410,24 @@ def test_bounds_on_sums_of_dims_and_on_constants(windows, data):
             assert all(same_bits(a, b) for a, b in zip(value, checked_value))
         else:
             assert value is checked_value
+
+
+@pytest.fixture(scope="module")
+def parts():
+    return pair(SLICES_AND_CASTS, "parts", lambda x, w, z: None)
+
+
+@EXAMPLES
+@given(data=st.data())
+def test_slices_casts_and_an_index_below_0(parts, data):
+    """A cast to a static size, a constant-size slice, a slice sized by another argument and a load at i - 1:
+    both paths accept and refuse the same calls."""
+    f32 = ["float32", "float32", "float32", "float64"]
+    x = data.draw(arrays(f32, st.tuples(st.integers(0, 7))), label="x")
+    w = data.draw(arrays(f32, st.tuples(st.integers(0, 7))), label="w")
+    z = data.draw(arrays(f32, st.tuples(st.sampled_from([0, 0, 0, 1, 2]))), label="z")
+    out = data.draw(st.one_of(st.none(), arrays(f32, st.tuples(st.integers(0, 5)))), label="out")
+    check_equivalent(*parts, (x, w, z), out, data.draw(st.sampled_from(FORMS), label="form"))
 
 
 @dataclass(frozen=True)

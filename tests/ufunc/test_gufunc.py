@@ -268,7 +268,13 @@ def test_strided_layout_with_dynamic_strides_is_accepted() -> None:
     np.testing.assert_array_equal(gufunc(a), a)
 
 
+# y[i - 1] = y[i] * s for each i of y: y[-1] whenever y is not empty.
+BACK = SCALE.replace("memref.dim %x", "memref.dim %y").replace("memref.load %x[%i]", "memref.load %y[%i]").replace(
+    "memref.store %r, %y[%i]", "%j = arith.subi %i, %c1 : index\n    memref.store %r, %y[%j]")
+
+
 @pytest.mark.parametrize(("source", "function", "message"), [
+    (BACK, lambda x, s: None, r"scale.gufunc\(\): @scale's memref.store needs a dim"),
     (TWO_RESULTS, lambda x, n: None, r"two.gufunc\(\): @two returns 2 result\(s\); a gufunc's values are its outputs"),
     (WRITES_ITS_INPUT, lambda x: None, r"bump.gufunc\(\): argument 'x' .* may write this input"),
     (CONV, lambda i, f: None, r"conv.gufunc\(\): @conv's linalg.conv_2d_nhwc_hwcf needs a dim at least as large"),
