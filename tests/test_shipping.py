@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -271,7 +272,14 @@ def test_built_package_runs_in_a_fresh_venv_without_the_mlir_wheels(built, tmp_p
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     python = str(venv / "bin" / "python")
-    for target in (os.path.join(REPO, "runtime"), str(built)):
+    # The runtime distribution built from a copy of the tree: pip builds in the source folder, and files a build
+    # left there (runtime/build/) would be installed too, with a code digest no artifact was built under.
+    source = tmp_path / "source"
+    shutil.copytree(os.path.join(REPO, "memkernel"), source / "memkernel",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (source / "runtime").mkdir()
+    shutil.copy(os.path.join(REPO, "runtime", "pyproject.toml"), source / "runtime")
+    for target in (str(source / "runtime"), str(built)):
         done = subprocess.run([python, "-m", "pip", "install", "-q", target], capture_output=True, text=True,
                               timeout=600)
         assert done.returncode == 0, done.stderr
