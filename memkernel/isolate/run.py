@@ -155,7 +155,7 @@ class IsolatedRun:
         try:
             worker = self._worker()
             self._define(worker)
-            worker.forget_dropped()
+            self._forget_dropped(worker, args, checked)
             self._map_shared(worker, prepared.shared, args, checked)
             if not prepared.layout.size:  # nothing to copy, nothing to copy back: every array is shared (or empty)
                 reply = self._request(worker, prepared.request, args, checked, lock.waited)
@@ -240,6 +240,13 @@ class IsolatedRun:
             copied.append(i)
         return copied, shared
 
+    def _forget_dropped(self, worker: process.Worker, args: tuple[Any, ...], checked: list[Any]) -> None:
+        """Have the worker let go of what this process dropped; KernelCrashed if it dies meanwhile."""
+        try:
+            worker.forget_dropped()
+        except process.WorkerDied as died:
+            raise self._crashed(died, self._summary(args, checked), "letting go of dropped kernels") from None
+
     def _map_shared(self, worker: process.Worker, shared: dict[int, tuple[SharedSegment, int]],
                     args: tuple[Any, ...], checked: list[Any]) -> None:
         """Have the worker map the segments of the call's shared arrays; AllocationError if it cannot."""
@@ -278,6 +285,8 @@ class IsolatedRun:
             return worker.segment_for(size)
         except process.SegmentUnavailable as unavailable:
             raise self._unavailable(unavailable, args, checked) from None
+        except process.WorkerDied as died:
+            raise self._crashed(died, self._summary(args, checked), "mapping the call's segment") from None
 
     def _unavailable(self, unavailable: process.SegmentUnavailable, args: tuple[Any, ...],
                      checked: list[Any]) -> AllocationError:

@@ -763,3 +763,25 @@ def test_a_worker_killed_while_idle_is_replaced_at_the_next_call(floats):
     worker.process.wait()
     np.testing.assert_array_equal(add(a, b), a + b)
     assert memkernel.isolate.process.worker() is not worker
+
+
+def test_a_worker_killed_before_the_call_while_it_lets_go_of_dropped_kernels_is_a_crash(floats, monkeypatch):
+    add = add_kernel(isolate=True)
+    a, b = floats
+    dropped = add_kernel(isolate=True, cache=False)
+    dropped(a, b)
+    del dropped
+    gc.collect()  # the next call first tells the worker to let go of it
+    forget = memkernel.isolate.process.Worker.forget_dropped
+
+    def killed_first(worker: memkernel.isolate.process.Worker) -> None:
+        os.kill(worker.process.pid, signal.SIGKILL)
+        worker.process.wait()
+        forget(worker)
+
+    monkeypatch.setattr(memkernel.isolate.process.Worker, "forget_dropped", killed_first)
+    with pytest.raises(KernelCrashed, match="killed by SIGKILL while letting go of dropped kernels") as caught:
+        add(a, b)
+    assert caught.value.signal == "SIGKILL"
+    monkeypatch.undo()
+    np.testing.assert_array_equal(add(a, b), a + b)
