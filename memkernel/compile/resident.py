@@ -39,6 +39,7 @@ parallel, and an abort in MLIR or LLVM ends only that process: the
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import hashlib
@@ -59,7 +60,7 @@ from ..errors import CompileError
 from ..forking import close_descriptor
 from ..load.cache import Folder, environment
 from ..subprocesses import LLVM_QUIET, appending_file, peer_credentials, worker_command
-from .replies import crash_message, death, report
+from .replies import crash_message, death, options_text, report
 
 T = TypeVar("T")
 
@@ -69,6 +70,8 @@ DEFAULT_IDLE_SECONDS = 60.0
 
 REQUEST = b"R"
 """The byte a request is sent as; the request itself, and the reply after it, are in the file sent with it."""
+TAKEN = b"T"
+"""The byte the server answers once it has forked the request's process."""
 STATUS = struct.Struct("<i")
 """How the request's process ended, sent by the server once it has: ``-N`` for signal N, else its exit status."""
 
@@ -232,8 +235,8 @@ def _connection(folder: Folder, name: str, options: tuple[str, ...]) -> socket.s
         _ensure_server(folder.path, name, options)
         connection = _connect(folder.path, folder.handle, name)
     if connection is None:
-        raise CompileError(f"memkernel's compile server{' for llvm_options=' + repr(options) if options else ''} "
-                           f"started, but does not answer on {folder.path / name}.")
+        raise CompileError(f"memkernel's compile server{options_text(options)} started, but does not answer on "
+                           f"{folder.path / name}.")
     return connection
 
 
@@ -253,7 +256,21 @@ def run(folder: Folder, options: tuple[str, ...], at_once: int, what: str, funct
     with _state_lock:
         slots = _slots.setdefault(name, threading.Semaphore(at_once))
     with slots:
-        return _exchange(_connection(folder, name, options), options, what, request)  # type: ignore[no-any-return]
+        for _ in range(_ATTEMPTS):
+            with contextlib.suppress(_NotTaken):
+                return _exchange(_connection(folder, name, options), options, what, request)  # type: ignore[no-any-return]
+    raise CompileError(f"memkernel's compile server{options_text(options)} in {folder.path} closed {_ATTEMPTS} "
+                       f"connections in a row without taking the request; its stderr is in "
+                       f"{folder.path / (name + '.log')}. Set MEMKERNEL_COMPILE_SERVER_IDLE=0 to compile without it.")
+
+
+_ATTEMPTS = 3
+"""How many servers a request is sent to when each ends before it takes the request (one that ended when
+idle just as the request came: the next connection starts a new one)."""
+
+
+class _NotTaken(Exception):
+    """The server closed the connection before it took the request."""
 
 
 def _exchange(connection: socket.socket, options: tuple[str, ...], what: str, request: bytes) -> Any:
@@ -264,11 +281,17 @@ def _exchange(connection: socket.socket, options: tuple[str, ...], what: str, re
     try:
         exchange.write(request)
         exchange.flush()
-        status: int | None
         try:
             socket.send_fds(connection, [REQUEST], [exchange.fileno(), stderr.fileno()])
+            taken = connection.recv(len(TAKEN))
+        except ConnectionError:
+            taken = b""
+        if taken != TAKEN:
+            raise _NotTaken()
+        status: int | None
+        try:
             status = _status(connection)
-        except (ConnectionError, BrokenPipeError):
+        except ConnectionError:
             status = None
         reply = _reply(exchange.fileno(), len(request)) if status in (0, None) else None
         if reply is None:

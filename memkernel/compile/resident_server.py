@@ -23,12 +23,13 @@ import signal
 import socket
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from . import engine
 from .llvm import parse_llvm_options
 from .pipeline import parse_pipeline
-from .resident import REQUEST, STATUS, address
+from .resident import REQUEST, STATUS, TAKEN, address
 from .server import answer, reply
 from .stderr import SERVING
 from ..subprocesses import peer_credentials
@@ -148,12 +149,18 @@ class _Server:
         if pid == 0:
             try:
                 self._child(connection, descriptors[0], descriptors[1])
+            except BaseException:
+                traceback.print_exc()
             finally:
                 os._exit(70)
         for descriptor in descriptors:
             os.close(descriptor)
         self.serving[pid] = connection
         self.connections[connection] = pid
+        try:
+            connection.send(TAKEN)
+        except OSError:
+            pass
 
     def _child(self, connection: socket.socket, exchange: int, stderr: int) -> None:
         """In the forked process: let go of the server's sockets (a caller must see the server's end close when

@@ -376,11 +376,14 @@ def start(options: Sequence[str] = ()) -> None:
     kernel's source starts it, since a compile follows."""
     if in_process():
         return
-    if resident.idle_seconds() > 0:
-        with disk_cache() as folder:
-            if folder is not None:
-                resident.start(folder, tuple(options))
-                return
+    try:
+        if resident.idle_seconds() > 0:
+            with disk_cache() as folder:
+                if folder is not None:
+                    resident.start(folder, tuple(options))
+                    return
+    except CompileError:  # left for the first request to report
+        return
     worker(options).start()
 
 

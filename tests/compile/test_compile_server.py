@@ -433,3 +433,41 @@ def test_a_long_cache_folder_path_reaches_the_server_through_its_descriptor(monk
             assert _server(cache) is not None
         finally:
             _end_servers(cache)
+
+
+def _closing_server(folder: Path, connections: int) -> threading.Thread:
+    """A stand-in server at the default options' socket in ``folder`` that closes ``connections`` connections
+    without taking their request, then removes its socket, as a server ending idle does."""
+    folder.mkdir(mode=0o700, exist_ok=True)
+    name = resident.server_name(())
+    handle = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(resident.address(folder, handle, name))
+    listener.listen()
+
+    def serve() -> None:
+        with listener:
+            for _ in range(connections):
+                listener.accept()[0].close()
+            os.unlink(name, dir_fd=handle)
+        os.close(handle)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_request_a_server_closes_untaken_as_it_ends_goes_to_a_new_server(here):
+    stand_in = _closing_server(here, 1)
+    served_by = compile_worker.run((), "asking for the pid", os.getppid)
+    stand_in.join(5)
+    assert served_by == _server(here) != os.getpid()
+
+
+def test_a_server_that_never_takes_requests_is_a_compile_error(here):
+    stand_in = _closing_server(here, 3)
+    with pytest.raises(CompileError, match=r"compile server in .* closed 3 connections in a row without taking "
+                                           r"the request; its stderr is in .*compile-\w+\.log\. Set "
+                                           r"MEMKERNEL_COMPILE_SERVER_IDLE=0"):
+        compile_worker.run((), "asking for the pid", os.getppid)
+    stand_in.join(5)
