@@ -91,6 +91,7 @@ ROWS = {
         'python -c "import numpy"',
         "import memkernel, decorate, first call: warm disk cache",
         "the same, empty disk cache (compiles)",
+        "the same, a new kernel, compile server left running by the last process",
     ],
     "compile, 16 distinct add kernels, decoration to first call": ["one at a time (base)", "from 16 threads at once ("],
     "checked=True, add, 16×f32, out=": ["memkernel add, unchecked (base)", "memkernel add, checked=True"],
@@ -124,6 +125,8 @@ TARGETED = {
     ("compile, add kernel", "MEMKERNEL_COMPILE_WORKER=0, cache=False (compiles here)"),
     ("start-up, fresh process to first result", "import memkernel, decorate, first call: warm disk cache"),
     ("start-up, fresh process to first result", "the same, empty disk cache (compiles)"),
+    ("start-up, fresh process to first result",
+     "the same, a new kernel, compile server left running by the last process"),
     ("checked=True, add, 16×f32, out=", "memkernel add, checked=True"),
 }
 
