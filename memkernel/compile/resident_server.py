@@ -280,6 +280,9 @@ def main() -> None:
         sys.exit(1)
     handle = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     listener, identity = _listen(folder, handle, name)
-    os.write(ready, b"1")
+    try:
+        os.write(ready, b"1")
+    except BrokenPipeError:  # the process that started it is gone: the server is for the next one
+        pass
     os.close(ready)
     _Server(listener, handle, name, identity, idle).run()

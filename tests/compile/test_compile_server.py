@@ -471,3 +471,15 @@ def test_a_server_that_never_takes_requests_is_a_compile_error(here):
                                            r"MEMKERNEL_COMPILE_SERVER_IDLE=0"):
         compile_worker.run((), "asking for the pid", os.getppid)
     stand_in.join(5)
+
+
+def test_a_server_started_at_decoration_outlives_a_process_that_exits_before_it_is_ready(cache):
+    _finished(_script("""
+        import sys
+        sys.path.append("tests")
+        from kernels import elementwise
+        from memkernel import mlir_kernel
+        mlir_kernel(elementwise("arith.addf", "memref<?xf64>", "f64", 1, name="early"), name="early")(lambda a, b: None)
+    """, cache))
+    assert wait_for(lambda: len(_sockets(cache)) == 1, seconds=30)
+    assert int(_finished(_script(COMPILE_AND_NAME_THE_SERVER, cache))) == _pid_of(cache, _sockets(cache)[0])
