@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import fcntl
 import os
+import socket
+import struct
 import sys
 import tempfile
 from typing import IO
@@ -23,6 +25,11 @@ if sys.argv[1] not in sys.path:
 """
 """The start of a worker's program: the caller's folder off the path (a ``numpy.py`` there must not run in
 the worker), then this memkernel's folder (``sys.argv[1]``) first on it, unless it is on it already."""
+
+
+LLVM_QUIET = {"LLVM_DISABLE_SYMBOLIZATION": "1", "LLVM_DISABLE_CRASH_REPORT": "1"}
+"""The environment a compile worker adds to its caller's: LLVM's crash handler kept from looking for a
+symbolizer or writing a crash report."""
 
 
 def worker_command(program: str, *arguments: str) -> list[str]:
@@ -49,3 +56,14 @@ def last(fd: int, limit: int, start: int = 0) -> str:
 def last_lines(text: str, count: int) -> str:
     """The last ``count`` lines of ``text``."""
     return "\n".join(text.splitlines()[-count:])
+
+
+_CREDENTIALS = struct.Struct("3i")
+
+
+def peer_credentials(connection: socket.socket) -> tuple[int, int]:
+    """The process id and user id of the process at the other end of Unix socket ``connection``
+    (``SO_PEERCRED``: as the kernel saw them when the connection was made, which the peer cannot forge)."""
+    pid, uid, _ = _CREDENTIALS.unpack(connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                            _CREDENTIALS.size))
+    return pid, uid

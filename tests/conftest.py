@@ -1,4 +1,6 @@
-"""Test session set-up: a disk cache of the session's own, so runs never share or touch the user's; and
+"""Test session set-up: a disk cache of the session's own, so runs never share or touch the user's; no resident
+compile server (``MEMKERNEL_COMPILE_SERVER_IDLE=0``: the many processes the tests start, each with a cache folder
+of its own, would each leave one running; ``tests/compile/test_compile_server.py`` turns it on for its tests); and
 Python's own Ctrl-C handler, which a shell's background job starts without (SIGINT ignored), so the tests
 that send SIGINT see what a user's process has."""
 
@@ -12,6 +14,7 @@ from hypothesis import HealthCheck, settings
 
 _folder = tempfile.TemporaryDirectory(prefix="memkernel-test-cache-")
 os.environ["MEMKERNEL_CACHE_DIR"] = _folder.name
+os.environ["MEMKERNEL_COMPILE_SERVER_IDLE"] = "0"
 
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = str(Path(__file__).resolve().parents[1])
@@ -19,3 +21,14 @@ def run_python(script: str, timeout: float = 120, **environ: str | None) -> str:
                           timeout=timeout, cwd=REPO, env={k: v for k, v in env.items() if v is not None})
     assert done.returncode == 0, f"exit status {done.returncode}:\n{done.stderr}"
     return done.stdout
+
+
+def wait_for(condition: Callable[[], bool], seconds: float = 10) -> bool:
+    """Whether ``condition()`` became true within ``seconds`` (looked at every 50 ms): for what another process
+    does in its own time."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True

@@ -25,7 +25,8 @@ def _truncate_stderr() -> None:
         os.ftruncate(2, 0)
 
 
-def _reply(replies: IO[bytes], status: str, value: Any) -> None:
+def reply(replies: IO[bytes], status: str, value: Any) -> None:
+    """Write the pickled reply ``(status, value, what the request wrote on stderr)`` to ``replies``."""
     sys.stderr.flush()
     stderr = last(2, _REPLIED_BYTES)
     try:
@@ -37,6 +38,14 @@ def _reply(replies: IO[bytes], status: str, value: Any) -> None:
     replies.flush()
 
 
+def answer(function: Any, args: Any) -> tuple[str, Any]:
+    """``("ok", function(*args))``, or ``("raised", the exception)``."""
+    try:
+        return "ok", function(*args)
+    except Exception as exc:
+        return "raised", exc
+
+
 def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
     """Answer requests ``(function, args)`` until ``requests`` ends."""
     while True:
@@ -45,11 +54,7 @@ def serve(requests: IO[bytes], replies: IO[bytes]) -> None:
         except EOFError:
             return
         _truncate_stderr()
-        try:
-            result = ("ok", function(*args))
-        except Exception as exc:
-            result = ("raised", exc)
-        _reply(replies, *result)
+        reply(replies, *answer(function, args))
 
 
 def main() -> None:
@@ -65,7 +70,7 @@ def main() -> None:
     if not parse_llvm_options(sys.argv[2:]):
         sys.exit(1)
     try:
-        _reply(replies, "ok", None)
+        reply(replies, "ok", None)
         serve(requests, replies)
     except BrokenPipeError:  # the caller is gone
         pass

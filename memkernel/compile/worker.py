@@ -31,7 +31,6 @@ import atexit
 import contextlib
 import os
 import pickle
-import signal
 import subprocess
 import sys
 import threading
@@ -40,14 +39,13 @@ from typing import IO, Any, TypeVar
 
 from ..errors import CompileError
 from ..forking import close_descriptor
-from ..subprocesses import appending_file, last, last_lines, worker_command
+from ..subprocesses import LLVM_QUIET, appending_file, worker_command
+from ..load.cache import disk_cache
+from . import resident
+from .replies import crash_message, death, report
 
 T = TypeVar("T")
 
-TAIL_LINES = 20
-"""How many of the last lines a crashed worker wrote on stderr its CompileError carries."""
-
-_TAIL_BYTES = 64 << 10
 _PROGRAM = """from memkernel.compile.server import main
 main()"""
 """The worker's program (after the safe bootstrap of :mod:`memkernel.subprocesses`)."""
@@ -57,21 +55,12 @@ class _Died(Exception):
     """The worker process ended before it replied."""
 
 
-def _tail(fd: int) -> str:
-    """The last :data:`TAIL_LINES` lines of the file open as ``fd``."""
-    return last_lines(last(fd, _TAIL_BYTES), TAIL_LINES)
-
-
 def _spawn(options: tuple[str, ...], stderr: IO[bytes]) -> subprocess.Popen[bytes]:
     """Start a worker process that sets LLVM ``options``, in the caller's environment (LLVM's crash
     handler kept from looking for a symbolizer)."""
-    environment = {**os.environ, "LLVM_DISABLE_SYMBOLIZATION": "1", "LLVM_DISABLE_CRASH_REPORT": "1"}
+    environment = {**os.environ, **LLVM_QUIET}
     return subprocess.Popen(worker_command(_PROGRAM, *options), stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=stderr, start_new_session=True, env=environment)
-
-
-def _options_text(options: tuple[str, ...]) -> str:
-    return f" with llvm_options={options!r}" if options else ""
 
 
 class _Process:
@@ -112,14 +101,9 @@ class _Process:
         except subprocess.TimeoutExpired:
             self.end()
             status = self.popen.wait()
-        if status < 0:
-            how = f"was killed by {signal.Signals(-status).name}"
-        else:
-            how = f"exited with status {status}"
-        tail = _tail(self.stderr.fileno())
-        said = "\n".join(f"  {line}" for line in tail.splitlines()) if tail else "  (nothing)"
+        said = death(status, self.stderr.fileno())
         self.close()
-        return f"{how}. Its last lines on stderr:\n{said}"
+        return said
 
     def end(self) -> None:
         """Kill the worker now."""
@@ -195,13 +179,14 @@ class CompileWorker:
             status, value, stderr = process.exchange(request)
         except _Died:
             self._give_back(process, keep=False)
-            raise CompileError(self._crashed(what, process.death(), process.ready)) from None
+            raise CompileError(crash_message("compile worker", self.options, what, process.death(),
+                                             process.ready)) from None
         except BaseException:
             self._give_back(process, keep=False)
             process.end()
             raise
         self._give_back(process, keep=True)
-        _report(stderr, failed=status != "ok")
+        report(stderr, failed=status != "ok")
         if status != "ok":
             raise value
         return value  # type: ignore[no-any-return]
@@ -267,16 +252,6 @@ class CompileWorker:
         finally:
             self._lock.release()
 
-    def _crashed(self, what: str, death: str, started: bool) -> str:
-        options = _options_text(self.options)
-        if not started:
-            return (f"memkernel's compile worker{options} {death}\nIt ended before it could compile; if LLVM "
-                    "refused an option above, fix or drop it in llvm_options=.")
-        return (f"{what} crashed the compile worker{options}: it {death}\nMLIR or LLVM aborted on this "
-                "kernel (a bug, or a construct it does not support); this process is unharmed and the next "
-                "compile starts a new worker. Change the kernel or pipeline=, or, for LLVM features behind an "
-                "option (llvm.intr.matrix.* needs -enable-matrix), pass llvm_options=.")
-
     def close(self) -> None:
         """End the idle processes (one serving a request goes back to the pool when it is done)."""
         with self._lock:
@@ -317,26 +292,6 @@ class CompileWorker:
         parent's trimming timer does not run in the child)."""
         for process in [*self._idle, *self._busy]:
             process.forget()
-
-
-def _report(stderr: str, *, failed: bool) -> None:
-    """Pass on what the worker wrote on stderr during a request, as a compile in this process would.
-
-    A failed compile's text is already in its error; it goes, as a compile's
-    C stderr does, to a kernel-output capture in place (see
-    :func:`memkernel.stdio.capture_c_stderr`). What a successful one wrote
-    (LLVM's own reports, asked for with ``llvm_options=``) goes to ``sys.stderr``.
-    """
-    if not stderr:
-        return
-    if failed:
-        from ..stdio import capture_c_stderr
-
-        with capture_c_stderr():
-            os.write(2, stderr.encode())
-    else:
-        sys.stderr.write(stderr)
-        sys.stderr.flush()
 
 
 _workers: dict[tuple[str, ...], CompileWorker] = {}
@@ -399,10 +354,16 @@ def _run_here(options: tuple[str, ...], function: Callable[..., T], args: tuple[
 
 
 def run(options: Sequence[str], what: str, function: Callable[..., T], *args: Any) -> T:
-    """``function(*args)`` in the compile worker for LLVM ``options`` (see :meth:`CompileWorker.run`),
-    or in this process when :func:`in_process`."""
+    """``function(*args)`` in the compile worker for LLVM ``options``: the resident compile server (see
+    :mod:`memkernel.compile.resident`) when the disk cache is on and ``$MEMKERNEL_COMPILE_SERVER_IDLE`` is not
+    ``0``, else a worker process of this process's own (see :meth:`CompileWorker.run`); or in this process
+    when :func:`in_process`."""
     if in_process():
         return _run_here(tuple(options), function, args)
+    if resident.idle_seconds() > 0:
+        with disk_cache() as folder:
+            if folder is not None:
+                return resident.run(folder, tuple(options), pool_size(), what, function, *args)
     try:
         return worker(options).run(what, function, *args)
     finally:
@@ -410,10 +371,20 @@ def run(options: Sequence[str], what: str, function: Callable[..., T], *args: An
 
 
 def start(options: Sequence[str] = ()) -> None:
-    """Start the compile worker for LLVM ``options`` now (see :meth:`CompileWorker.start`), unless compiles
-    run in this process: decoration that must read a kernel's source starts it, since a compile follows."""
-    if not in_process():
-        worker(options).start()
+    """Start the compile worker for LLVM ``options`` now (see :meth:`CompileWorker.start` and
+    :func:`memkernel.compile.resident.start`), unless compiles run in this process: decoration that must read a
+    kernel's source starts it, since a compile follows."""
+    if in_process():
+        return
+    try:
+        if resident.idle_seconds() > 0:
+            with disk_cache() as folder:
+                if folder is not None:
+                    resident.start(folder, tuple(options))
+                    return
+    except CompileError:  # left for the first request to report
+        return
+    worker(options).start()
 
 
 def _close_all() -> None:
@@ -424,8 +395,10 @@ def _close_all() -> None:
 
 
 def _forget_in_child() -> None:
-    """A forked child leaves its parent's workers (and their pipes) alone and starts its own."""
+    """A forked child leaves its parent's workers (and their pipes) and its connections to the compile server
+    alone and starts its own."""
     global _workers, _workers_lock
+    resident.forget_in_child()
     for each in _workers.values():
         each.forget()
     _workers = {}

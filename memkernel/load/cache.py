@@ -96,6 +96,12 @@ def _environment() -> dict[str, str]:
     }
 
 
+def environment() -> dict[str, str]:
+    """What every key holds beside the kernel's own fields: the memkernel (its version and source digest),
+    MLIR/LLVM, numpy and Python versions and the host CPU."""
+    return _environment()
+
+
 @dataclass(frozen=True)
 class CacheKey:
     """The fields a compiled kernel depends on, and their digest."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 
 import numpy as np
 import pytest
@@ -13,6 +12,7 @@ from memkernel import mlir_kernel
 from memkernel.isolate import release
 
 from ..kernels import elementwise
+from ..processes import wait_for
 
 ADD = elementwise("arith.addf", "memref<?xf32>", "f32", 1, name="add")
 KEEP = 4 << 20
@@ -46,15 +46,6 @@ def segment_resident(pid: int) -> int:
 def large_call(add) -> None:
     a, b = np.arange(LARGE, dtype=np.float32), np.ones(LARGE, np.float32)
     np.testing.assert_array_equal(add(a, b), a + b)
-
-
-def wait_for(condition, seconds: float = 10) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def test_an_idle_process_keeps_at_most_keep_mapped_of_a_large_calls_shared_memory(add, monkeypatch):
