@@ -41,6 +41,23 @@ TAIL_LINES = 20
 """How many of the lines a crashed worker wrote on stderr a KernelCrashed carries."""
 
 
+WAIT_SLICE = 0.1
+"""Seconds a wait for the worker blocks at a time: a signal another thread received (``signal.raise_signal`` from
+a timer, say) interrupts no wait of this thread, and its handler (Ctrl-C's KeyboardInterrupt) runs only once the
+wait returns."""
+
+
+def _poll(poller: select.poll, timeout: float | None) -> list[tuple[int, int]]:
+    """``poller.poll()`` for at most ``timeout`` seconds (None: until an event), in slices of :data:`WAIT_SLICE` so
+    that Python runs its signal handlers in between; the events, or [] when the time ran out."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = WAIT_SLICE if deadline is None else min(WAIT_SLICE, deadline - time.monotonic())
+        ready = poller.poll(max(1, int(left * 1000 + 0.999)))
+        if ready or (deadline is not None and time.monotonic() >= deadline):
+            return ready
+
+
 class WorkerDied(Exception):
     """The worker process ended during a request: ``signal`` names the signal, else ``status`` is its exit status."""
 
@@ -223,7 +240,7 @@ class Worker:
         answered = self._control.to_caller
         try:
             os.eventfd_write(self._control.to_worker, 1)
-            ready = self._waiting.poll(None if timeout is None else max(1, int(timeout * 1000 + 0.999)))
+            ready = _poll(self._waiting, timeout)
             if not ready:
                 self.kill()
                 raise WorkerTimedOut()
@@ -265,6 +282,10 @@ class Worker:
             os.eventfd_write(self._control.to_worker, 1)
             self._socket.settimeout(timeout)
             channel.send(self._socket, message, fds)
+            replied = select.poll()
+            replied.register(self._socket, select.POLLIN)
+            if not _poll(replied, timeout):
+                raise TimeoutError
             reply, _ = channel.receive(self._socket)
         except (EOFError, ConnectionError):
             raise self._died() from None

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import errno
 import itertools
+import struct
 import threading
 import time
 import weakref
@@ -93,6 +94,9 @@ class _Repeat(NamedTuple):
     request: bytes
 
 
+_FLOAT_BITS = struct.Struct("<d")
+
+
 def _key(values: tuple[Any, ...]) -> list[Any] | None:
     """What a call's checks, layout and request depend on (see :class:`_Repeat`); None when a value is of a kind
     whose checks are not that simple (a list, a subclass, a numpy scalar)."""
@@ -101,7 +105,9 @@ def _key(values: tuple[Any, ...]) -> list[Any] | None:
         kind = type(value)
         if kind is np.ndarray:
             key.append((address(value), value.shape, value.strides, value.dtype, value.flags.writeable))
-        elif kind is int or kind is float or kind is bool:
+        elif kind is float:
+            key.append((kind, _FLOAT_BITS.pack(value)))  # by its bits: -0.0 == 0.0, yet 1 / -0.0 is -inf
+        elif kind is int or kind is bool:
             key.append((kind, value))
         else:
             return None

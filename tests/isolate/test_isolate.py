@@ -258,10 +258,17 @@ def test_timeout_ends_a_hanging_call_and_the_next_call_works(floats):
     np.testing.assert_array_equal(add_kernel(isolate=True, timeout=5)(a, b), a + b)
 
 
-def test_ctrl_c_ends_a_hanging_isolated_call_and_the_next_call_works(floats):
+# A terminal's Ctrl-C reaches the process; signal.raise_signal in another thread reaches that thread only, which
+# interrupts no wait of the calling thread.
+INTERRUPTS = {"process": lambda: os.kill(os.getpid(), signal.SIGINT),
+              "another thread": lambda: signal.raise_signal(signal.SIGINT)}
+
+
+@pytest.mark.parametrize("interrupt", INTERRUPTS.values(), ids=INTERRUPTS.keys())
+def test_ctrl_c_ends_a_hanging_isolated_call_and_the_next_call_works(floats, interrupt):
     spin = mlir_kernel(SPIN, isolate=True)(lambda n: None)
     add = add_kernel(isolate=True)
-    timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer = threading.Timer(0.5, interrupt)
     timer.start()
     with pytest.raises(KeyboardInterrupt):
         spin(1)
@@ -785,3 +792,23 @@ def test_a_worker_killed_before_the_call_while_it_lets_go_of_dropped_kernels_is_
     assert caught.value.signal == "SIGKILL"
     monkeypatch.undo()
     np.testing.assert_array_equal(add(a, b), a + b)
+
+
+# y[0] = 1 / s: the sign of a zero s decides the sign of the infinity.
+RECIPROCAL = """
+func.func @reciprocal(%s: f32, %y: memref<1xf32>) {
+  %c0 = arith.constant 0 : index
+  %one = arith.constant 1.0 : f32
+  %r = arith.divf %one, %s : f32
+  memref.store %r, %y[%c0] : memref<1xf32>
+  return
+}"""
+
+
+def test_a_call_that_differs_from_the_last_only_in_the_sign_of_a_zero_is_not_taken_for_a_repeat():
+    reciprocal = mlir_kernel(RECIPROCAL, isolate=True)(lambda s, y: None)
+    y = np.zeros(1, np.float32)
+    with np.errstate(divide="ignore"):
+        for s in (0.0, -0.0, 0.0):
+            reciprocal(s, y)
+            np.testing.assert_array_equal(y, np.float32(1) / np.float32(s))
