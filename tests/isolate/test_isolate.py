@@ -794,6 +794,25 @@ def test_a_worker_killed_before_the_call_while_it_lets_go_of_dropped_kernels_is_
     np.testing.assert_array_equal(add(a, b), a + b)
 
 
+def test_a_ctrl_c_another_thread_raises_ends_an_isolated_call_in_a_fresh_interpreter():
+    # As a script has it (pytest's own threads can wake the wait): the wait must end by itself to run the handler.
+    out = run_python(f"""
+        import signal, threading
+        import numpy as np
+        from memkernel import mlir_kernel
+        spin = mlir_kernel({SPIN!r}, isolate=True)(lambda n: None)
+        add = mlir_kernel({ADD!r}, isolate=True)(lambda a, b: None)
+        a = np.arange(4, dtype=np.float32)
+        add(a, a)  # the worker runs: the Ctrl-C comes while the call waits for it
+        threading.Timer(0.5, lambda: signal.raise_signal(signal.SIGINT)).start()
+        try:
+            spin(1)
+        except KeyboardInterrupt:
+            print("interrupted", add(a, a).tolist())
+    """, timeout=60)
+    assert out.split("\n")[0] == "interrupted [0.0, 2.0, 4.0, 6.0]"
+
+
 # y[0] = 1 / s: the sign of a zero s decides the sign of the infinity.
 RECIPROCAL = """
 func.func @reciprocal(%s: f32, %y: memref<1xf32>) {
