@@ -414,7 +414,7 @@ def test_bounds_on_sums_of_dims_and_on_constants(windows, data):
 
 @pytest.fixture(scope="module")
 def parts():
-    return pair(SLICES_AND_CASTS, "parts", lambda x, w, z: None)
+    return variants(SLICES_AND_CASTS, "parts", lambda x, w, z: None)
 
 
 @EXAMPLES
