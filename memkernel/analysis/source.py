@@ -16,7 +16,6 @@ the same 85 ms on the 2-core machine it was measured on.
 from __future__ import annotations
 
 import functools
-import threading
 from dataclasses import dataclass
 
 from mlir import ir
@@ -24,6 +23,7 @@ from mlir import ir
 from ..diagnostics import format_diagnostics
 from ..errors import MLIRSyntaxError, OptionError, SignatureError
 from .ir_callbacks import install_attribute_casters
+from .. import forking
 
 
 @dataclass
@@ -66,7 +66,7 @@ _CALLABLE = ("func.func", "llvm.func")
 :func:`memkernel.analysis.types.read_signature`)."""
 
 
-MLIR_LOCK = threading.RLock()
+MLIR_LOCK = forking.rlock()
 
 
 @functools.lru_cache(maxsize=None)

@@ -39,6 +39,7 @@ from collections.abc import Callable, Sequence
 from typing import IO, Any, TypeVar
 
 from ..errors import CompileError
+from .. import forking
 from ..forking import close_descriptor
 from ..subprocesses import appending_file, last, last_lines, worker_command
 
@@ -175,8 +176,8 @@ class CompileWorker:
 
     def __init__(self, options: tuple[str, ...]) -> None:
         self.options = options
-        self._lock = threading.Lock()
-        self._returned = threading.Condition(self._lock)
+        self._lock = forking.lock()
+        self._returned = forking.condition(self._lock)
         self._idle: list[_Process] = []
         self._busy: set[_Process] = set()
         self._trim: threading.Timer | None = None
@@ -341,7 +342,7 @@ def _report(stderr: str, *, failed: bool) -> None:
 
 _workers: dict[tuple[str, ...], CompileWorker] = {}
 """The compile workers by LLVM options, the most recently used last."""
-_workers_lock = threading.Lock()
+_workers_lock = forking.lock()
 
 KEEP_RUNNING = 2
 """How many compile workers, the most recently used, are left running when idle: each is an interpreter with
@@ -425,11 +426,10 @@ def _close_all() -> None:
 
 def _forget_in_child() -> None:
     """A forked child leaves its parent's workers (and their pipes) alone and starts its own."""
-    global _workers, _workers_lock
+    global _workers
     for each in _workers.values():
         each.forget()
     _workers = {}
-    _workers_lock = threading.Lock()
 
 
 atexit.register(_close_all)

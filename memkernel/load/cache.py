@@ -40,7 +40,6 @@ import secrets
 import stat
 import struct
 import sys
-import threading
 import warnings
 import weakref
 from collections import OrderedDict
@@ -57,6 +56,7 @@ from ..errors import MissingDependencyError
 from ..fastpath.symbols import FastSymbols
 from ..model.dtypes import dtype_named
 from . import objects as jit
+from .. import forking
 
 Compiled = TypeVar("Compiled")
 
@@ -135,7 +135,7 @@ class ProcessCache:
         self._keep_recent = keep_recent
         self._recent: OrderedDict[str, Any] = OrderedDict()
         self._alive: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
-        self._lock = threading.Lock()
+        self._lock = forking.lock()
 
     def get(self, digest: str) -> Any:
         """The compiled kernel kept for ``digest``, or None; it becomes the most recently used."""
@@ -228,7 +228,7 @@ def _symbols(data: Any) -> FastSymbols | None:
 
 _warned: set[str] = set()
 _secrets: dict[tuple[int, int], bytes] = {}
-_secrets_lock = threading.Lock()
+_secrets_lock = forking.lock()
 
 
 def _warn_once(message: str) -> None:
