@@ -22,7 +22,7 @@ import numpy as np
 from ..kernel import Kernel
 from ..model.contract import BufferContract
 from .copies import layout_copies, layout_copy
-from .rounding import COPIES, Rounding, reference_arguments, rounding, unit_roundoff
+from .rounding import COPIES, PROBES, Copies, Rounding, reference_arguments, rounding, unit_roundoff
 
 # (rtol, atol) by float dtype; 8-bit floats get two units of their precision (see default_tolerance).
 _FLOAT_TOLERANCES = {
@@ -339,9 +339,11 @@ def _rounding_bounds(kernel: Kernel, reference: Callable[..., Any], labels: list
     """Per value, the rounding bound from the reference on float64 copies of ``args``, their magnitudes
     and ones; or why there is none; None for an integer value."""
     evaluations = []
-    for copies in COPIES:
+    random = np.random.default_rng(0)
+    calls: list[Copies] = [*COPIES, *["random signs"] * PROBES, *["random zeros and ones"] * PROBES]
+    for copies in calls:
         try:
-            positional, keywords = reference_arguments(kernel, args, kwargs, copies)
+            positional, keywords = reference_arguments(kernel, args, kwargs, copies, random)
             with np.errstate(all="ignore"):
                 want, values = _expected(kernel, reference, labels, positional, keywords)
         except Exception as error:  # noqa: BLE001 (any failure of the reference leaves the plain tolerance)
@@ -355,8 +357,11 @@ def _rounding_bounds(kernel: Kernel, reference: Callable[..., Any], labels: list
         if not _is_float(g):
             bounds.append(None)
             continue
+        exact, magnitudes, ones = results[:len(COPIES)]
+        probes = results[len(COPIES):]
         try:
-            bounds.append(rounding(np.asarray(g), *results))
+            bounds.append(rounding(np.asarray(g), exact, magnitudes, ones, signs=probes[:PROBES],
+                                   masks=probes[PROBES:]))
         except ValueError as error:
             bounds.append(str(error))
     return bounds
