@@ -219,3 +219,20 @@ func.func @matvec(%a: memref<?x?xf32>, %x: memref<?xf32>, %y: memref<?xf32>) {
   return
 }
 """
+
+# out[i] = 2i over an scf.parallel loop, calling the callback @visit(i) for each i.
+PARALLEL_FILL = """
+func.func private @visit(index)
+func.func @fill(%out: memref<?xi64>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %n = memref.dim %out, %c0 : memref<?xi64>
+  scf.parallel (%i) = (%c0) to (%n) step (%c1) {
+    %v = arith.index_cast %i : index to i64
+    %twice = arith.addi %v, %v : i64
+    memref.store %twice, %out[%i] : memref<?xi64>
+    func.call @visit(%i) : (index) -> ()
+    scf.reduce
+  }
+  return
+}"""

@@ -15,6 +15,7 @@ import memkernel
 from memkernel import forking, mlir_kernel
 
 from .forks import exit_code_of_child
+from .kernels import PARALLEL_FILL
 
 
 def test_a_lock_held_by_another_thread_at_the_fork_is_free_in_the_child():
@@ -77,22 +78,6 @@ func.func @say(%a: i64) {
   return
 }"""
 
-PARALLEL_FILL = """
-func.func private @visit(index)
-func.func @fill(%o: memref<?xf32>) {
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
-  %n = memref.dim %o, %c0 : memref<?xf32>
-  scf.parallel (%i) = (%c0) to (%n) step (%c1) {
-    func.call @visit(%i) : (index) -> ()
-    %f = arith.index_cast %i : index to i64
-    %g = arith.sitofp %f : i64 to f32
-    memref.store %g, %o[%i] : memref<?xf32>
-    scf.reduce
-  }
-  return
-}"""
-
 
 def _in_a_thread_until_entered(call: Callable[[], object], entered: threading.Event) -> threading.Thread:
     thread = threading.Thread(target=call)
@@ -138,16 +123,16 @@ def test_a_child_forked_during_another_threads_parallel_call_with_callbacks_call
             release.wait(60)
 
     fill = mlir_kernel(PARALLEL_FILL, name="fill", parallel=True, callbacks={"visit": visit})(
-        lambda o: None).compile()
-    expected = np.arange(64, dtype=np.float32)
+        lambda out: None).compile()
+    expected = 2 * np.arange(64, dtype=np.int64)
 
     def fill_in_child() -> bool:
         release.set()  # the child's own calls must not wait on the callback
-        out = np.zeros(64, np.float32)
+        out = np.zeros(64, np.int64)
         fill(out)
         return bool(np.array_equal(out, expected))
 
-    thread = _in_a_thread_until_entered(lambda: fill(np.zeros(64, np.float32)), entered)
+    thread = _in_a_thread_until_entered(lambda: fill(np.zeros(64, np.int64)), entered)
     try:
         assert exit_code_of_child(fill_in_child, timeout=30) == 0
     finally:

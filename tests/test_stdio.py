@@ -16,7 +16,7 @@ import pytest
 import memkernel.stdio
 from memkernel import CompileError, mlir_kernel
 
-from .kernels import elementwise
+from .kernels import PARALLEL_FILL, elementwise
 
 SHOW = """
 func.func private @printMemrefF32(memref<*xf32>) attributes {llvm.emit_c_interface}
@@ -208,39 +208,27 @@ def test_a_callback_calling_a_capturing_kernel_prints_in_order(capture):
     assert lines == ["before", "7", "[1,  2]", "0.5", "callback done", "7", "after"]
 
 
-PARALLEL_SCRIPT = """
+PARALLEL_SCRIPT = f"""
 import threading
 import numpy as np
 from memkernel import mlir_kernel
 say = mlir_kernel('''
-func.func @say(%v: i64) {
+func.func @say(%v: i64) {{
   vector.print %v : i64
   return
-}''', name="say", capture_output=True)(lambda v: None)
+}}''', name="say", capture_output=True)(lambda v: None)
 threads = set()
 
 def visit(i):
     threads.add(threading.get_ident())
     say(i)
 
-fill = mlir_kernel('''
-func.func private @visit(index)
-func.func @fill(%out: memref<?xi64>) {
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
-  %n = memref.dim %out, %c0 : memref<?xi64>
-  scf.parallel (%i) = (%c0) to (%n) step (%c1) {
-    %v = arith.index_cast %i : index to i64
-    memref.store %v, %out[%i] : memref<?xi64>
-    func.call @visit(%i) : (index) -> ()
-    scf.reduce
-  }
-  return
-}''', name="fill", parallel=True, callbacks={"visit": visit}, capture_output=True)(lambda out: None)
+fill = mlir_kernel({PARALLEL_FILL!r}, name="fill", parallel=True, callbacks={{"visit": visit}},
+                   capture_output=True)(lambda out: None)
 out = np.zeros(2048, np.int64)
 fill(out)
-assert (out == np.arange(2048)).all()
-print("worker threads", len(threads - {threading.get_ident()}))
+assert (out == 2 * np.arange(2048)).all()
+print("worker threads", len(threads - {{threading.get_ident()}}))
 """
 
 

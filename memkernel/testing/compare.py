@@ -340,7 +340,9 @@ def _rounding_bounds(kernel: Kernel, reference: Callable[..., Any], labels: list
     and ones; or why there is none; None for an integer value."""
     evaluations = []
     random = np.random.default_rng(0)
-    calls: list[Copies] = [*COPIES, *["random signs"] * PROBES, *["random zeros and ones"] * PROBES]
+    signs: Copies = "random signs"
+    masks: Copies = "random zeros and ones"
+    calls: list[Copies] = [*COPIES, *[signs] * PROBES, *[masks] * PROBES]
     for copies in calls:
         try:
             positional, keywords = reference_arguments(kernel, args, kwargs, copies, random)

@@ -20,7 +20,7 @@ from memkernel import CompileError, mlir_kernel
 from memkernel.compile.presets import CONVOLUTIONS, PRESETS, Strategy
 from memkernel.analysis.source import parse_source
 
-from ..kernels import elementwise
+from ..kernels import PARALLEL_FILL, elementwise
 
 MATMUL = """func.func @matmul(%a: {A}, %b: {B}, %c: {C}) {{
   linalg.matmul ins(%a, %b : {A}, {B}) outs(%c : {C})
@@ -483,23 +483,6 @@ def test_unknown_preset_lists_the_presets():
     with pytest.raises(CompileError, match=r"name a preset \('default', 'fast'\)"):
         dynamic_matmul("f32", "fastest")
     assert set(PRESETS) == {"default", "fast"}
-
-
-PARALLEL_FILL = """
-func.func private @visit(index)
-func.func @fill(%out: memref<?xi64>) {
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
-  %n = memref.dim %out, %c0 : memref<?xi64>
-  scf.parallel (%i) = (%c0) to (%n) step (%c1) {
-    %v = arith.index_cast %i : index to i64
-    %twice = arith.addi %v, %v : i64
-    memref.store %twice, %out[%i] : memref<?xi64>
-    func.call @visit(%i) : (index) -> ()
-    scf.reduce
-  }
-  return
-}"""
 
 
 @pytest.mark.parametrize("parallel", [False, True])
