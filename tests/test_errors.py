@@ -665,8 +665,8 @@ def test_an_annotation_that_is_not_a_dim_pattern_says_what_the_forms_are(annotat
     with pytest.raises(SignatureError) as caught:
         mlir_kernel(TWO_D, name="k")(_annotated(annotation))
     assert str(caught.value) == (
-        f"k(): parameter 'x' is annotated {annotation!r}: a dim annotation is one string of names, numbers and _ "
-        "separated by spaces, e.g. \"M K\" (and, as the return annotation only, a tuple of such strings, one per "
+        f"k(): parameter 'x' is annotated {annotation!r}: a dim pattern is names, numbers and _ separated by "
+        "spaces, e.g. \"M K\", in one string (a tuple of such strings only as the return annotation, one per "
         "output).")
 
 

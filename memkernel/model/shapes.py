@@ -238,8 +238,8 @@ def _pattern(annotation: Any) -> Any:
     return annotation
 
 
-_FORMS = ("a dim annotation is one string of names, numbers and _ separated by spaces, e.g. \"M K\" "
-          "(and, as the return annotation only, a tuple of such strings, one per output)")
+_FORMS = ("a dim pattern is names, numbers and _ separated by spaces, e.g. \"M K\", in one string (a tuple "
+          "of such strings only as the return annotation, one per output)")
 
 _LARGEST_DIM = 2**63 - 1
 
