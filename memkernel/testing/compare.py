@@ -275,10 +275,12 @@ def assert_matches(kernel: Kernel, reference: Callable[..., Any] | Any, *args: A
     by dtype: :func:`default_tolerance`), or within ``ulps`` units in the last
     place when given; NaNs in the same places are equal. Where a float value
     is not within ``rtol``/``atol`` of a reference function's value, the
-    function is called three more times, on float64 (or complex128) copies of
-    the float arguments, on their magnitudes and on ones, and an element also
-    passes within ``rtol``/``atol`` plus ``γ(n)·Σ|terms|`` of the float64
-    value: the rounding error of a sum of ``n`` products (the function on ones)
+    function is called 19 more times, on float64 (or complex128) copies of the
+    float arguments, on their magnitudes, on ones and on 8 random copies of
+    signs and 8 of zeros and ones, and an element also passes within
+    ``rtol``/``atol`` plus ``γ(n)·Σ|terms|`` of the float64 value: the rounding
+    error of a sum of ``n`` products (counted from the function on ones and on
+    the random copies, so a constant the reference multiplies by is no term)
     of total magnitude ``Σ|terms|`` (the function on the magnitudes), in the
     kernel's type and in any order (see :mod:`memkernel.testing.rounding`). So
     a correct float32 matmul of standard-normal inputs passes however its sums

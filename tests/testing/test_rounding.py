@@ -145,7 +145,7 @@ def test_a_reference_value_that_does_not_fit_is_refused_with_what_it_gave(exact,
 def test_the_terms_of_a_scaled_matmul_are_counted_whatever_the_scale(scale, k):
     terms = estimated_terms(scale * np.full((3, 2), float(k)), **probes(lambda a, b: scale * (a @ b), (3, k), (k, 2)))
     assert np.all(terms >= k / 2) and np.all(SAFETY * terms >= k)
-    assert np.all(terms <= 3 * k)
+    assert np.all(terms <= 10 * k)  # not the constant: on ones the value is scale * k
 
 
 def test_a_sum_of_squares_counts_its_terms():
