@@ -8,7 +8,12 @@ take it nor wait for it:
 - :func:`close_descriptor` closes a buffered file's descriptor through its raw
   file, which the buffered file's lock does not guard; the buffered file then
   counts as closed, and neither its ``close()`` nor its collection takes the lock.
-- :func:`lock` makes a lock that is free again in a forked child.
+- :func:`lock`, :func:`rlock` and :func:`condition` make a lock or condition
+  that is free again in a forked child. Every lock and condition of the package
+  that a call can hold is made by them (``memkernel/isolate`` keeps its own).
+- :func:`reset_in_child` registers what puts back the state that such a lock
+  guards (an owner, a count of waiters, a redirected descriptor): it runs in a
+  forked child after the locks are freed, on the child's one thread.
 """
 
 from __future__ import annotations
@@ -17,9 +22,13 @@ import contextlib
 import os
 import threading
 import weakref
-from typing import IO, Any
+from collections.abc import Callable
+from typing import IO, Any, TypeVar
+
+_Reset = TypeVar("_Reset", bound=Callable[[], object])
 
 _locks: weakref.WeakSet[Any] = weakref.WeakSet()
+_resets: list[Callable[[], object]] = []
 
 
 def close_descriptor(file: IO[bytes]) -> None:
@@ -40,9 +49,36 @@ def lock() -> threading.Lock:
     return made
 
 
+def rlock() -> threading.RLock:
+    """A ``threading.RLock`` that a forked child finds released, whoever held it in the parent (see :func:`lock`)."""
+    made = threading.RLock()
+    _locks.add(made)
+    return made
+
+
+def condition(of: threading.Lock | threading.RLock | None = None) -> threading.Condition:
+    """A ``threading.Condition`` (on ``of``, else on a new re-entrant lock) that a forked child finds released
+    and with no waiters, whoever held or waited on it in the parent (see :func:`lock`)."""
+    made = threading.Condition(of)
+    _locks.add(made)
+    return made
+
+
+def reset_in_child(reset: _Reset) -> _Reset:
+    """Run ``reset`` in every forked child, after the locks of :func:`lock` are freed; returns it (a decorator).
+
+    For the state those locks guard, which a parent thread may have left half
+    way (an owner that is not in the child, a descriptor pointed elsewhere).
+    """
+    _resets.append(reset)
+    return reset
+
+
 def _release_in_child() -> None:
     for each in list(_locks):
         each._at_fork_reinit()  # what threading and logging do to their own locks in a child (CPython 3.9+)
+    for reset in _resets:
+        reset()
 
 
 os.register_at_fork(after_in_child=_release_in_child)

@@ -528,7 +528,8 @@ def _rebuild(options: KernelOptions, function: Callable[..., Any], token: str) -
 
 
 def _source_digest(source: str) -> str:
-    return hashlib.sha256(source.encode()).hexdigest()
+    """The source's SHA-256; a lone surrogate is hashed too, and the parse then refuses it with its position."""
+    return hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _pipeline_fields(options: KernelOptions) -> dict[str, Any]:

@@ -29,16 +29,18 @@ worker (see :mod:`memkernel.dask`).
 from __future__ import annotations
 
 import sys
-import threading
+import uuid
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from . import forking
+
 KEEP_REBUILT = 32
 """How many kernels unpickled by value a process keeps for the next unpickling of the same kernel."""
 
-_lock = threading.Lock()
+_lock = forking.lock()
 _tokens: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 _rebuilt: OrderedDict[str, Any] = OrderedDict()
 

@@ -37,6 +37,11 @@ Descriptors belong to the process, so the two must agree. The rules:
   Python code, so it always ends), so it always returns its own text. If a
   kernel-output capture was in place, what it got is passed on to that capture
   too, so nothing a running kernel printed meanwhile is lost.
+* A child forked while another thread of the parent had a capture in place
+  (or a call waiting for one) finds the lock and the capture free, and
+  descriptors 1 and 2 (and 2 of a C-stderr capture) pointing where they
+  pointed before the captures: its own output goes where the parent's went
+  before, never into the parent's capture files, which it does not share.
 """
 
 from __future__ import annotations
@@ -51,13 +56,31 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, TypeVar
 
+from . import forking
+
 T = TypeVar("T")
 
 _SILENT = frozenset({"malloc", "free", "aligned_alloc", "memrefCopy"})
 _libc = ctypes.CDLL(None)
 
-_descriptors = threading.RLock()
+_descriptors = forking.rlock()
 """Held while descriptors 1 and 2 are pointed somewhere else or put back, and through a C-stderr capture."""
+
+_redirected: list[tuple[int, int]] = []
+"""The redirections in place, the latest last: a descriptor and a copy of what it pointed at before."""
+
+
+def _point(fd: int, at: int) -> None:
+    """Point descriptor ``fd`` at ``at``'s file, keeping what it pointed at (with :data:`_descriptors` held)."""
+    _redirected.append((fd, os.dup(fd)))
+    os.dup2(at, fd)
+
+
+def _put_back() -> None:
+    """Undo the latest redirection (with :data:`_descriptors` held)."""
+    fd, saved = _redirected.pop()
+    os.dup2(saved, fd)
+    os.close(saved)
 
 
 @functools.lru_cache(maxsize=None)
@@ -126,11 +149,15 @@ class _KernelOutput:
     """The kernel-output capture: which thread put it in place, the calls that joined it, what was echoed."""
 
     def __init__(self) -> None:
-        self.changed = threading.Condition()
+        self.changed = forking.condition()
         self.owner: int | None = None
         self._inner = 0
-        self._saved = (-1, -1)
         self._echoed = [0, 0]
+
+    def forget(self) -> None:
+        """No capture in place and no call in it: in a forked child, where their threads are not."""
+        self.owner = None
+        self._inner = 0
 
     def enter(self) -> bool:
         """Join the capture in place, or put one in place; True for the call that put it in place."""
@@ -145,11 +172,10 @@ class _KernelOutput:
             with _descriptors:
                 _flush_python()
                 _flush_c()
-                self._saved = (os.dup(1), os.dup(2))
                 for fd, sink in enumerate(_sinks(), start=1):
                     os.ftruncate(sink.fileno(), 0)
                     os.lseek(sink.fileno(), 0, os.SEEK_SET)
-                    os.dup2(sink.fileno(), fd)
+                    _point(fd, sink.fileno())
                 self._echoed = [0, 0]
                 self.owner = me
             return True
@@ -168,9 +194,8 @@ class _KernelOutput:
             with _descriptors:
                 _flush_python()
                 _flush_c()
-                for fd, saved in enumerate(self._saved, start=1):
-                    os.dup2(saved, fd)
-                    os.close(saved)
+                _put_back()
+                _put_back()
                 self.owner = None
             self._echo(in_place=False)
             self.changed.notify_all()
@@ -224,15 +249,25 @@ def capture_c_stderr() -> Iterator[list[str]]:
     with _descriptors, tempfile.TemporaryFile() as sink:
         sys.stderr.flush()
         _flush_c()
-        saved = os.dup(2)
-        os.dup2(sink.fileno(), 2)
+        _point(2, sink.fileno())
         try:
             yield captured_text
         finally:
             _flush_c()
-            os.dup2(saved, 2)
-            os.close(saved)
+            _put_back()
             data = os.pread(sink.fileno(), os.fstat(sink.fileno()).st_size, 0)
             if _kernel_output.owner is not None:
                 _write_all(2, data)
             captured_text.append(data.decode(errors="replace"))
+
+
+@forking.reset_in_child
+def _release_in_child() -> None:
+    """Put the descriptors back, end the capture, and drop the capture files, which the parent still uses."""
+    while _redirected:
+        _put_back()
+    _kernel_output.forget()
+    if _sinks.cache_info().currsize:
+        for sink in _sinks():
+            forking.close_descriptor(sink)
+        _sinks.cache_clear()

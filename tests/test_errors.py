@@ -624,3 +624,126 @@ def test_f8_arithmetic_without_the_runtime_libraries_names_the_missing_routines(
                                     r"the APFloat routines of f8 arithmetic\) come with: "
                                     + esc("pip install 'memkernel[runtime]'")):
         kernel.compile()
+
+
+# -- errors found at decoration that came late, or as another library's exception -----------------------------
+
+TWO_D = "func.func @k(%x: memref<?x?xf32>) { return }"
+
+
+def _annotated(annotation: object):
+    def k(x): ...
+
+    k.__annotations__ = {"x": annotation}
+    return k
+
+
+def test_a_dim_annotation_past_int64_is_a_signature_error_at_decoration():
+    with pytest.raises(SignatureError) as caught:
+        mlir_kernel(TWO_D, name="k")(_annotated("99999999999999999999 N"))
+    assert str(caught.value) == (
+        "k(): parameter 'x' is annotated '99999999999999999999 N': dim 0 = 99999999999999999999 is past the "
+        "largest size a dim can have (9223372036854775807, int64).")
+
+
+@pytest.mark.parametrize("annotation", ["N,M", 3, ("N", "M"), ["N", "M"]], ids=["commas", "int", "tuple", "list"])
+def test_an_annotation_that_is_not_a_dim_pattern_says_what_the_forms_are(annotation):
+    with pytest.raises(SignatureError) as caught:
+        mlir_kernel(TWO_D, name="k")(_annotated(annotation))
+    assert str(caught.value) == (
+        f"k(): parameter 'x' is annotated {annotation!r}: a dim pattern is names, numbers and _ separated by "
+        "spaces, e.g. \"M K\", in one string (a tuple of such strings only as the return annotation, one per "
+        "output).")
+
+
+@pytest.mark.parametrize("memref", ["memref<4294967296x4294967296xi8>", "tensor<4611686018427387904x2xf32>"])
+def test_a_type_whose_size_int64_cannot_count_is_a_signature_error_at_decoration(memref):
+    with pytest.raises(SignatureError, match=re.escape(
+            f"@k argument #0 has type {memref}: its static dims hold ")) as caught:
+        mlir_kernel(f"func.func @k(%a: {memref}) {{ return }}", name="k")(lambda a: None)
+    assert "more than an int64 size or stride can count (2**63 - 1 bytes)" in str(caught.value)
+
+
+def test_a_lone_surrogate_in_the_source_is_a_syntax_error_naming_its_position():
+    with pytest.raises(MLIRSyntaxError) as caught:
+        mlir_kernel("func.func @k() {\n  return } // \udcff", name="k")(lambda: None)
+    assert str(caught.value).startswith(
+        "the MLIR source is not valid text: 2:15: character U+DCFF (a lone surrogate) cannot be encoded as UTF-8.")
+
+
+RESOURCE = """
+func.func @k(%o: memref<4xf32>) {{
+  %g = arith.constant dense_resource<blob1> : tensor<4xf32>
+  %m = bufferization.to_buffer %g : tensor<4xf32> to memref<4xf32>
+  memref.copy %m, %o : memref<4xf32> to memref<4xf32>
+  return
+}}
+{{-#
+  dialect_resources: {{ builtin: {{ blob1: "0x04000000{data}" }} }}
+#-}}"""
+
+
+def test_a_dense_resource_constant_the_kernel_uses_compiles_and_gives_its_values():
+    data = np.array([1, 2, 3, 4], "<f4").tobytes().hex()
+    k = mlir_kernel(RESOURCE.format(data=data), name="k")(lambda: None)
+    np.testing.assert_array_equal(k(), np.array([1, 2, 3, 4], np.float32))
+
+
+def test_a_dense_resource_blob_of_the_wrong_size_is_a_syntax_error_at_decoration():
+    with pytest.raises(MLIRSyntaxError) as caught:
+        mlir_kernel(RESOURCE.format(data="0000803f"), name="k")(lambda: None)
+    assert str(caught.value) == (
+        "the MLIR source does not fit its resources:\n  3:8: error: dense_resource<blob1> is used as tensor<4xf32>, "
+        "16 bytes, but its blob holds 4 bytes after its 4-byte alignment. Give the blob \"0x\" + 8 hex digits of "
+        "alignment + 32 hex digits of data.")
+
+
+ATOMIC = """
+func.func @k(%a: memref<?x{t}>) {{
+  %c0 = arith.constant 0 : index
+  %x = memref.generic_atomic_rmw %a[%c0] : memref<?x{t}> {{
+  ^bb0(%cur: {t}):
+    %v = arith.constant 99{dot} : {t}
+    memref.atomic_yield %v : {t}
+  }}
+  return
+}}"""
+
+
+def test_a_generic_atomic_rmw_that_yields_a_constant_compiles():
+    k = mlir_kernel(ATOMIC.format(t="i32", dot=""), name="k")(lambda a: None)
+    a = np.ones(4, np.int32)
+    k(a)
+    np.testing.assert_array_equal(a, [99, 1, 1, 1])
+
+
+def test_a_generic_atomic_rmw_mlir_cannot_lower_is_a_compile_error_with_its_diagnostics():
+    k = mlir_kernel(ATOMIC.format(t="f32", dot=".0"), name="k")(lambda a: None)
+    with pytest.raises(CompileError) as caught:
+        k(np.ones(4, np.float32))
+    assert str(caught.value).startswith(
+        "lowering failed:\n4:8: error: 'llvm.cmpxchg' op operand #1 must be signless integer or LLVM pointer type, "
+        "but got 'f32'")
+
+
+class _ClaimsHuge:
+    """An object whose ``__array_interface__`` claims 2**40 elements over 4 real ones (stride 0)."""
+
+    def __init__(self) -> None:
+        self.array = np.ones(4, np.float32)
+
+    @property
+    def __array_interface__(self) -> dict:
+        return {**self.array.__array_interface__, "shape": (1 << 40,), "strides": (0,)}
+
+
+def test_mismatched_inputs_are_a_shape_error_before_any_output_is_allocated():
+    add = mlir_kernel("""
+func.func @add(%a: memref<?xf32>, %b: memref<?xf32>, %o: memref<?xf32>) {
+  linalg.add ins(%a, %b : memref<?xf32>, memref<?xf32>) outs(%o : memref<?xf32>)
+  return
+}""")(lambda a, b: None)
+    with pytest.raises(ShapeError) as caught:
+        add(_ClaimsHuge(), np.ones(16, np.float32))
+    assert str(caught.value) == (
+        "add(): a has 1099511627776 elements on dim 0 but b has 16 on dim 0; @add's linalg.add needs them equal.")

@@ -14,24 +14,25 @@ from collections.abc import Sequence
 from mlir import ir
 
 
-def _location(loc: ir.Location) -> tuple[int, int] | None:
+def source_position(loc: ir.Location) -> tuple[int, int] | None:
+    """The line and column in the source that ``loc`` points at, or None."""
     while loc.is_a_callsite():
         loc = loc.callee
     if loc.is_a_fused():
         for child in loc.locations:
-            found = _location(child)
+            found = source_position(child)
             if found:
                 return found
         return None
     if loc.is_a_name():
-        return _location(loc.child_loc)
+        return source_position(loc.child_loc)
     if loc.is_a_file():
         return loc.start_line, loc.start_col
     return None
 
 
 def _format_one(diag: ir.DiagnosticInfo, lines: Sequence[str], indent: str) -> list[str]:
-    where = _location(diag.location)
+    where = source_position(diag.location)
     severity = str(diag.severity).rsplit(".", 1)[-1].lower()
     if where is None:
         out = [f"{indent}{severity}: {diag.message}"]

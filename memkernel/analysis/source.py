@@ -16,7 +16,6 @@ the same 85 ms on the 2-core machine it was measured on.
 from __future__ import annotations
 
 import functools
-import threading
 from dataclasses import dataclass
 
 from mlir import ir
@@ -24,6 +23,8 @@ from mlir import ir
 from .diagnostics import format_diagnostics
 from ..errors import MLIRSyntaxError, OptionError, SignatureError
 from .ir_callbacks import install_attribute_casters
+from .resources import check_resources
+from .. import forking
 
 
 @dataclass
@@ -66,7 +67,7 @@ _CALLABLE = ("func.func", "llvm.func")
 :func:`memkernel.analysis.types.read_signature`)."""
 
 
-MLIR_LOCK = threading.RLock()
+MLIR_LOCK = forking.rlock()
 
 
 @functools.lru_cache(maxsize=None)
@@ -83,6 +84,7 @@ def parse_source(text: str) -> ParsedSource:
     """Parse and verify ``text`` into a new module; MLIRSyntaxError on failure."""
     if not isinstance(text, str):
         raise OptionError(f"mlir_kernel(): the MLIR source must be a str, got {type(text).__name__}")
+    _check_encodable(text)
     context = shared_context()
     with MLIR_LOCK, context, ir.Location.unknown():
         try:
@@ -92,4 +94,20 @@ def parse_source(text: str) -> ParsedSource:
                 "the MLIR source does not parse or verify:\n"
                 + format_diagnostics(exc.error_diagnostics, text)
             ) from None
+        check_resources(module, text)
     return ParsedSource(text, context, module)
+
+
+def _check_encodable(text: str) -> None:
+    """MLIRSyntaxError naming the line and column of a character UTF-8 cannot encode (a lone surrogate),
+    which MLIR, reading UTF-8, could not be given."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        line = text.count("\n", 0, error.start) + 1
+        column = error.start - (text.rfind("\n", 0, error.start) + 1) + 1
+        raise MLIRSyntaxError(
+            f"the MLIR source is not valid text: {line}:{column}: character U+{ord(text[error.start]):04X} "
+            "(a lone surrogate) cannot be encoded as UTF-8. Remove it, or decode the file the source came "
+            "from with errors='strict' to find the bad bytes."
+        ) from None

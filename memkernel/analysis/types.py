@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from mlir import ir
 
 from ..errors import SignatureError
@@ -46,13 +48,29 @@ def _layout(t: ir.MemRefType, where: str) -> Strided | None:
     )
 
 
+_INT64_LIMIT = 2**63
+
+
+def _static_shape(t: ir.ShapedType, where: str, element: ElementType) -> tuple[int | None, ...]:
+    """The shape of a ranked memref or tensor, None for ``?``; SignatureError if its static part holds more
+    elements, or bytes, than int64 counts (MLIR's sizes and strides are int64: it cannot lower the type)."""
+    shape = tuple(None if d == _DYNAMIC else d for d in t.shape)
+    count = math.prod(d for d in shape if d is not None)
+    if count * element.itemsize >= _INT64_LIMIT:
+        raise SignatureError(
+            f"{where} has type {t}: its static dims hold {count} elements of {element.itemsize} byte(s), more "
+            "than an int64 size or stride can count (2**63 - 1 bytes); make the dims smaller or dynamic (?)."
+        )
+    return shape
+
+
 def spec_of(t: ir.Type, where: str) -> ArgSpec:
     """Read one MLIR argument or result type into its spec."""
     if isinstance(t, ir.MemRefType):
         if t.memory_space is not None:
             raise SignatureError(f"{where} has type {t}: memrefs in a memory space are not supported.")
-        shape = tuple(None if d == _DYNAMIC else d for d in t.shape)
-        return MemRefSpec(str(t), shape, _element(t.element_type, where, t), _layout(t, where))
+        element = _element(t.element_type, where, t)
+        return MemRefSpec(str(t), _static_shape(t, where, element), element, _layout(t, where))
     if isinstance(t, ir.UnrankedMemRefType):
         if t.memory_space is not None:
             raise SignatureError(f"{where} has type {t}: memrefs in a memory space are not supported.")
@@ -60,8 +78,8 @@ def spec_of(t: ir.Type, where: str) -> ArgSpec:
     if isinstance(t, ir.RankedTensorType):
         if t.encoding is not None:
             raise SignatureError(f"{where} has type {t}: tensors with an encoding (sparse) are not supported.")
-        shape = tuple(None if d == _DYNAMIC else d for d in t.shape)
-        return MemRefSpec(str(t), shape, _element(t.element_type, where, t), None, tensor=True)
+        element = _element(t.element_type, where, t)
+        return MemRefSpec(str(t), _static_shape(t, where, element), element, None, tensor=True)
     if isinstance(t, ir.UnrankedTensorType):
         return UnrankedSpec(str(t), _element(t.element_type, where, t), tensor=True)
     return ScalarSpec(str(t), _element(t, where, t))

@@ -46,6 +46,7 @@ from ..errors import CallbackError, SignatureError, ValueRangeError
 from .results import descriptor_array, read_descriptor
 from .scalars import ScalarValueError, encode
 from ..model.signature import ArgSpec, MemRefSpec, ScalarSpec, Signature, UnrankedSpec
+from .. import forking
 
 T = TypeVar("T")
 
@@ -109,7 +110,7 @@ class PendingErrors:
 
     def __init__(self, *, parallel: bool = True) -> None:
         self._parallel = parallel
-        self._lock = threading.Lock() if parallel else None
+        self._lock = forking.lock() if parallel else None
         self._local = threading.local()
         self._shared: list[BaseException] = []
 

@@ -74,6 +74,11 @@ class ArgumentCheck:
         foreign = {} if all(type(v) is np.ndarray for v in arrays) else import_arrays(everything, args + given, state)
         checked = [binder.check(value, state, foreign.get(i)) for i, (binder, value) in enumerate(zip(self._inputs, args))]
         if any(g is None for g in given):
+            # the inputs' mismatches first: an output allocated from a wrong input could be of any size
+            self._shapes.check_ties(self._kernel, self._names,
+                                    [None if isinstance(b, ScalarBinder) else c.shape
+                                     for b, c in zip(self._inputs, checked)]
+                                    + [None] * len(given))
             shown = tuple(c if not isinstance(b, ScalarBinder) else v
                           for b, c, v in zip(self._inputs, checked, args))
             outputs = self._allocator.allocate(shown, given)

@@ -15,8 +15,9 @@ wrap: ``2**62 + 1`` floats asked ``malloc`` for 4 bytes, which it gave, and the
 kernel wrote past them (SIGSEGV, or a corrupted heap). So before the lowering,
 :func:`check_sizes` computes each ``memref.alloc``'s size in bytes
 with overflow checks and passes the verdict to ``__memkernel_check_allocation``:
-a size of 2**63 bytes or more (a product that overflows, a negative dim)
-unwinds to the guard too, reported as size 0.
+a size of 2**63 bytes or more (a product that overflows, a negative dim), its
+``alignment`` (which the lowering adds to what it asks ``malloc`` for)
+included, unwinds to the guard too, reported as size 0.
 """
 
 from __future__ import annotations
@@ -99,6 +100,16 @@ def _element_bytes(element: ir.Type) -> int | None:
     return None
 
 
+_LARGEST_SIZE = 2**63 - 1
+
+
+def _alignment(alloc: ir.OpView) -> int:
+    """The ``alignment`` an alloc asks for (its lowering adds it to the size given to ``malloc``), else 0."""
+    if "alignment" not in alloc.attributes:
+        return 0
+    return ir.IntegerAttr(alloc.attributes["alignment"]).value
+
+
 def _check_size(alloc: ir.OpView) -> bool:
     """Insert before ``alloc`` the call of :data:`CHECK` with whether its size is 2**63 bytes or more."""
     memref_type = ir.MemRefType(alloc.result.type)
@@ -116,8 +127,10 @@ def _check_size(alloc: ir.OpView) -> bool:
             product = arith.MulUIExtendedOp(total, extent)
             total = product.low
             too_big = arith.OrIOp(too_big, arith.CmpIOp(arith.CmpIPredicate.ne, product.high, zero).result).result
-        negative = arith.CmpIOp(arith.CmpIPredicate.slt, total, zero).result
-        func.CallOp([], ir.FlatSymbolRefAttr.get(CHECK), [arith.OrIOp(too_big, negative).result])
+        # the lowering asks malloc for the size plus the alignment: that sum must stay below 2**63 too
+        largest = arith.ConstantOp(index, _LARGEST_SIZE - _alignment(alloc)).result
+        past = arith.CmpIOp(arith.CmpIPredicate.ugt, total, largest).result
+        func.CallOp([], ir.FlatSymbolRefAttr.get(CHECK), [arith.OrIOp(too_big, past).result])
     return True
 
 

@@ -30,6 +30,7 @@ thread while workers run on would leave them working on memory the caller frees.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from mlir import ir
@@ -134,6 +135,8 @@ def contain(module: ir.Module) -> ir.Module | None:
                            if d.split("(")[0] not in text)
     guard = (f"llvm.func @{GUARD}(%frame: !llvm.ptr, %entry: !llvm.ptr, %args: !llvm.ptr) -> i32 {{\n"
              + _guarded_body(["llvm.call %entry(%args) : !llvm.ptr, (!llvm.ptr) -> ()"]) + "\n}\n")
-    closing = text.rstrip().rfind("}")
-    return ir.Module.parse(text[:closing] + declarations + _SUPPORT + guard + asserts + allocs + "\n}\n",
+    resources = re.search(r"^\{-#", text, re.MULTILINE)  # the blobs the module's dense_resource constants hold
+    body, tail = (text[:resources.start()], text[resources.start():]) if resources else (text, "")
+    closing = body.rstrip().rfind("}")
+    return ir.Module.parse(body[:closing] + declarations + _SUPPORT + guard + asserts + allocs + "\n}\n" + tail,
                            module.context)

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from mlir import ir, passmanager
 from mlir.dialects.transform import interpreter
 
-from . import allocations, i1_storage
+from . import allocations, atomics, i1_storage
 from ..analysis.diagnostics import format_diagnostics
 from ..model.dtypes import SMALL_FLOAT_NAMES, SUB_BYTE_FLOAT_BITS
 from ..errors import CompileError, SignatureError
@@ -469,6 +469,7 @@ def lower(module: ir.Module, pipeline: Pipeline, source: str, until: str = "llvm
     i1_storage.lower_i1_accesses(module)
     if until == "loops":
         return module
+    atomics.freeze_yielded_values(module)
     apfloat = _APFLOAT if uses_small_float_arithmetic(module) else ""
     _run(_POST.format(apfloat=apfloat), module, source)
     return module

@@ -11,6 +11,7 @@ import sys
 from typing import IO, Any
 
 from . import engine  # noqa: F401  (what requests run, and the MLIR bindings, loaded before the first request)
+from ..errors import CompileError
 from .llvm import parse_llvm_options
 from .stderr import SERVING
 from ..subprocesses import last
@@ -32,8 +33,9 @@ def reply(replies: IO[bytes], status: str, value: Any) -> None:
     try:
         data = pickle.dumps((status, value, stderr), protocol=pickle.HIGHEST_PROTOCOL)
         pickle.loads(data)  # what the caller will do: an exception class may not rebuild from its args
-    except Exception as exc:  # send its text instead
-        data = pickle.dumps(("raised", RuntimeError(f"{type(value).__name__}: {value} ({exc})"), stderr))
+    except Exception:  # an MLIR exception (a class made inside the bindings) does not: send its text instead
+        said = f"{type(value).__name__}: {value}" if status == "raised" else f"a reply that did not pickle: {value!r}"
+        data = pickle.dumps(("raised", CompileError(said), stderr))
     replies.write(data)
     replies.flush()
 

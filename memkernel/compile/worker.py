@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from typing import IO, Any, TypeVar
 
 from ..errors import CompileError
+from .. import forking
 from ..forking import close_descriptor
 from ..subprocesses import LLVM_QUIET, appending_file, worker_command
 from ..load.cache import disk_cache
@@ -159,8 +160,8 @@ class CompileWorker:
 
     def __init__(self, options: tuple[str, ...]) -> None:
         self.options = options
-        self._lock = threading.Lock()
-        self._returned = threading.Condition(self._lock)
+        self._lock = forking.lock()
+        self._returned = forking.condition(self._lock)
         self._idle: list[_Process] = []
         self._busy: set[_Process] = set()
         self._trim: threading.Timer | None = None
@@ -296,7 +297,7 @@ class CompileWorker:
 
 _workers: dict[tuple[str, ...], CompileWorker] = {}
 """The compile workers by LLVM options, the most recently used last."""
-_workers_lock = threading.Lock()
+_workers_lock = forking.lock()
 
 KEEP_RUNNING = 2
 """How many compile workers, the most recently used, are left running when idle: each is an interpreter with
@@ -397,12 +398,11 @@ def _close_all() -> None:
 def _forget_in_child() -> None:
     """A forked child leaves its parent's workers (and their pipes) and its connections to the compile server
     alone and starts its own."""
-    global _workers, _workers_lock
+    global _workers
     resident.forget_in_child()
     for each in _workers.values():
         each.forget()
     _workers = {}
-    _workers_lock = threading.Lock()
 
 
 atexit.register(_close_all)

@@ -39,7 +39,6 @@ import os
 import stat
 import struct
 import sys
-import threading
 import warnings
 import weakref
 from collections import OrderedDict
@@ -51,6 +50,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from . import objects as jit
+from .. import forking
 from .entry import Entry, code_digest, symbols_data, symbols_from_data
 from .files import read_regular
 
@@ -133,7 +133,7 @@ class ProcessCache:
         self._keep_recent = keep_recent
         self._recent: OrderedDict[str, Any] = OrderedDict()
         self._alive: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
-        self._lock = threading.Lock()
+        self._lock = forking.lock()
 
     def get(self, digest: str) -> Any:
         """The compiled kernel kept for ``digest``, or None; it becomes the most recently used."""
@@ -195,7 +195,7 @@ def directory() -> Path | None:
 
 _warned: set[str] = set()
 _secrets: dict[tuple[int, int], bytes] = {}
-_secrets_lock = threading.Lock()
+_secrets_lock = forking.lock()
 
 
 def _warn_once(message: str) -> None:

@@ -67,8 +67,8 @@ def allocation_failure(kernel: str, size: int, where: str = "the kernel") -> str
     """The AllocationError's message for a kernel whose allocation of ``size`` bytes in ``where`` failed
     (0: one of 2**63 bytes or more, which the compiler's size check stopped)."""
     if size == 0:
-        failed = ("asked for 2**63 bytes or more (its dims times its element size overflow 64 bits, or a dim is "
-                  "negative)")
+        failed = ("asked for 2**63 bytes or more (its dims times its element size, plus its alignment, overflow "
+                  "64 bits, or a dim is negative)")
     else:
         hint = " (a size this large comes from a negative dim or a product of dims that overflows)" \
             if size >= 1 << 63 else ""

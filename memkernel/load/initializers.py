@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import threading
 from collections.abc import Callable
 
 from ..errors import MemkernelError
 from ..stdio import flush_streams
 from .guard import FRAME_SIZE, failure_error
 from .objects import LoadedObject
+from .. import forking
 
 CONSTRUCTORS = "__memkernel_constructors"
 DESTRUCTORS = "__memkernel_destructors"
@@ -35,7 +35,7 @@ class Construction:
         self._constructors = loaded.symbol(CONSTRUCTORS)
         self._destructors = loaded.symbol(DESTRUCTORS)
         self._guard = _GUARDED(guard) if guard else None
-        self._lock = threading.Lock()
+        self._lock = forking.lock()
         self._done = False
         self._failure: MemkernelError | None = None
 

@@ -14,10 +14,10 @@ import ctypes
 import functools
 import importlib.util
 import os
-import threading
 import weakref
 from collections.abc import Callable, Mapping
 
+from .. import forking
 from ..errors import MissingDependencyError
 
 
@@ -142,7 +142,7 @@ class _Teardown:
 
     def __init__(self) -> None:
         self._functions: list[Callable[[], object]] = []
-        self._lock = threading.Lock()
+        self._lock = forking.lock()
 
     def add(self, function: Callable[[], object]) -> None:
         with self._lock:

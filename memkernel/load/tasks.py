@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import ctypes
 import os
-import threading
 
 from ..options import ASYNC_RUNTIME
 from .objects import ObjectLoadError, check, libllvm, message
+from .. import forking
 
 _RUNTIME_FILE = f"lib{ASYNC_RUNTIME}.so"
 _libc = ctypes.CDLL(None)
@@ -216,7 +216,7 @@ _counters: dict[str, _Counter] = {}
 _key: list[int] = []
 """The one thread-specific key all wrappers share, so that a task of one runtime's kernel that starts one of
 another's (its library found at another path) still keeps it on its own queue."""
-_lock = threading.Lock()
+_lock = forking.lock()
 
 
 def symbols(runtime: str) -> dict[str, int]:

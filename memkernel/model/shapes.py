@@ -153,6 +153,17 @@ class ShapeRules:
 
         ``allocated``: the arguments memkernel allocated for this call, which the message does not ask the
         caller to pass longer."""
+        self.check_ties(kernel, names, shapes)
+        for bound in self.bounds:
+            self._check_bound(kernel, names, shapes, bound, allocated)
+        for affine in self.affine_bounds:
+            self._check_affine(kernel, names, shapes, affine)
+        if self.views:
+            self._check_views(kernel, names, shapes, allocated)
+
+    def check_ties(self, kernel: str, names: Sequence[str], shapes: Sequence[tuple[int, ...] | None]) -> None:
+        """Raise a ShapeError for the first equal-size rule ``shapes`` break (None: an argument not known yet,
+        an output still to allocate, whose rules are skipped)."""
         for tie in self.ties:
             first = shapes[tie.a.arg]
             if first is None:
@@ -183,12 +194,6 @@ class ShapeRules:
                 f"{kernel}(): {names[tie.a.arg]} has {x} elements on dim {tie.a.dim} but {names[tie.b.arg]} has {y} "
                 f"on dim {tie.b.dim}; {tie.reason} needs them equal."
             )
-        for bound in self.bounds:
-            self._check_bound(kernel, names, shapes, bound, allocated)
-        for affine in self.affine_bounds:
-            self._check_affine(kernel, names, shapes, affine)
-        if self.views:
-            self._check_views(kernel, names, shapes, allocated)
 
     def _check_views(self, kernel: str, names: Sequence[str], shapes: Sequence[tuple[int, ...] | None],
                      allocated: Collection[int]) -> None:
@@ -267,17 +272,35 @@ def _pattern(annotation: Any) -> Any:
             value = ast.literal_eval(annotation)
         except (ValueError, SyntaxError):
             return annotation
-        return value if isinstance(value, (str, tuple)) else annotation
+        return value if isinstance(value, (str, tuple, list, int)) else annotation
     return annotation
 
 
+_FORMS = ("a dim pattern is names, numbers and _ separated by spaces, e.g. \"M K\", in one string (a tuple "
+          "of such strings only as the return annotation, one per output)")
+
+_LARGEST_DIM = 2**63 - 1
+
+
+def _refuse_form(kernel: str, where: str, annotation: Any) -> None:
+    """SignatureError for an annotation that looks like a dim pattern but is not one (an int, a tuple)."""
+    if isinstance(annotation, (int, tuple, list)):
+        raise SignatureError(f"{kernel}(): {where} is annotated {annotation!r}: {_FORMS}.")
+
+
+def _is_number(token: str) -> bool:
+    return token.isascii() and token.isdigit()
+
+
 def _tokens(kernel: str, pattern: str, where: str, spec: ArgSpec | None) -> tuple[str, ...]:
-    tokens = tuple(pattern.replace(",", " ").split())
-    for token in tokens:
-        if not (token.isidentifier() or token.isdigit()):
+    tokens = tuple(pattern.split())
+    for k, token in enumerate(tokens):
+        if not (token.isidentifier() or _is_number(token)):
+            raise SignatureError(f"{kernel}(): {where} is annotated {pattern!r}: {_FORMS}.")
+        if _is_number(token) and int(token) > _LARGEST_DIM:
             raise SignatureError(
-                f"{kernel}(): {where} is annotated {pattern!r}: a dim pattern is names, numbers and _ "
-                f"separated by spaces, e.g. \"M K\"."
+                f"{kernel}(): {where} is annotated {pattern!r}: dim {k} = {token} is past the largest size "
+                f"a dim can have ({_LARGEST_DIM}, int64)."
             )
     if not isinstance(spec, MemRefSpec):
         raise SignatureError(f"{kernel}(): {where} is annotated {pattern!r} but is not a ranked memref or tensor.")
@@ -287,7 +310,7 @@ def _tokens(kernel: str, pattern: str, where: str, spec: ArgSpec | None) -> tupl
             f"has {spec.rank}."
         )
     for k, (token, size) in enumerate(zip(tokens, spec.shape)):
-        if token.isdigit() and size is not None and int(token) != size:
+        if _is_number(token) and size is not None and int(token) != size:
             raise SignatureError(
                 f"{kernel}(): {where} is annotated {pattern!r}, dim {k} = {token}, but its type {spec.mlir} "
                 f"fixes dim {k} to {size}."
@@ -304,8 +327,12 @@ def named_rules(kernel: str, parameters: Sequence[inspect.Parameter], returned: 
         pattern = _pattern(p.annotation)
         if isinstance(pattern, str):
             names[i] = _tokens(kernel, pattern, f"parameter '{p.name}'", specs[i])
+        else:
+            _refuse_form(kernel, f"parameter '{p.name}'", pattern)
     n_outputs = len(specs) - len(parameters)
     pattern = _pattern(returned)
+    if not isinstance(pattern, (str, tuple)):
+        _refuse_form(kernel, "the return", pattern)
     outputs: tuple[Any, ...] = (None,) * n_outputs
     if pattern is not inspect.Signature.empty and isinstance(pattern, (str, tuple)):
         patterns = (pattern,) if isinstance(pattern, str) else pattern
@@ -325,7 +352,7 @@ def named_rules(kernel: str, parameters: Sequence[inspect.Parameter], returned: 
             here = Dim(arg, k)
             if token == "_":
                 continue
-            if token.isdigit():
+            if _is_number(token):
                 if isinstance(specs[arg], MemRefSpec) and specs[arg].shape[k] is None:  # type: ignore[union-attr]
                     ties.append(Tie(here, None, f"its annotation {' '.join(tokens)!r}", size=int(token)))
                 continue

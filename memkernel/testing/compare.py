@@ -22,7 +22,7 @@ import numpy as np
 from ..kernel import Kernel
 from ..model.contract import BufferContract
 from .copies import layout_copies, layout_copy
-from .rounding import COPIES, Rounding, reference_arguments, rounding, unit_roundoff
+from .rounding import COPIES, PROBES, Copies, Rounding, reference_arguments, rounding, unit_roundoff
 
 # (rtol, atol) by float dtype; 8-bit floats get two units of their precision (see default_tolerance).
 _FLOAT_TOLERANCES = {
@@ -275,10 +275,12 @@ def assert_matches(kernel: Kernel, reference: Callable[..., Any] | Any, *args: A
     by dtype: :func:`default_tolerance`), or within ``ulps`` units in the last
     place when given; NaNs in the same places are equal. Where a float value
     is not within ``rtol``/``atol`` of a reference function's value, the
-    function is called three more times, on float64 (or complex128) copies of
-    the float arguments, on their magnitudes and on ones, and an element also
-    passes within ``rtol``/``atol`` plus ``γ(n)·Σ|terms|`` of the float64
-    value: the rounding error of a sum of ``n`` products (the function on ones)
+    function is called 19 more times, on float64 (or complex128) copies of the
+    float arguments, on their magnitudes, on ones and on 8 random copies of
+    signs and 8 of zeros and ones, and an element also passes within
+    ``rtol``/``atol`` plus ``γ(n)·Σ|terms|`` of the float64 value: the rounding
+    error of a sum of ``n`` products (counted from the function on ones and on
+    the random copies, so a constant the reference multiplies by is no term)
     of total magnitude ``Σ|terms|`` (the function on the magnitudes), in the
     kernel's type and in any order (see :mod:`memkernel.testing.rounding`). So
     a correct float32 matmul of standard-normal inputs passes however its sums
@@ -339,9 +341,13 @@ def _rounding_bounds(kernel: Kernel, reference: Callable[..., Any], labels: list
     """Per value, the rounding bound from the reference on float64 copies of ``args``, their magnitudes
     and ones; or why there is none; None for an integer value."""
     evaluations = []
-    for copies in COPIES:
+    random = np.random.default_rng(0)
+    signs: Copies = "random signs"
+    masks: Copies = "random zeros and ones"
+    calls: list[Copies] = [*COPIES, *[signs] * PROBES, *[masks] * PROBES]
+    for copies in calls:
         try:
-            positional, keywords = reference_arguments(kernel, args, kwargs, copies)
+            positional, keywords = reference_arguments(kernel, args, kwargs, copies, random)
             with np.errstate(all="ignore"):
                 want, values = _expected(kernel, reference, labels, positional, keywords)
         except Exception as error:  # noqa: BLE001 (any failure of the reference leaves the plain tolerance)
@@ -355,8 +361,11 @@ def _rounding_bounds(kernel: Kernel, reference: Callable[..., Any], labels: list
         if not _is_float(g):
             bounds.append(None)
             continue
+        exact, magnitudes, ones = results[:len(COPIES)]
+        probes = results[len(COPIES):]
         try:
-            bounds.append(rounding(np.asarray(g), *results))
+            bounds.append(rounding(np.asarray(g), exact, magnitudes, ones, signs=probes[:PROBES],
+                                   masks=probes[PROBES:]))
         except ValueError as error:
             bounds.append(str(error))
     return bounds

@@ -50,8 +50,8 @@ HUGE = 2**60  # floats: 2**62 bytes, which no malloc gives
 MESSAGE = ("scratch(): a memref.alloc in the kernel could not get 4611686018427387904 bytes (4.29e+09 GiB): malloc "
            "returned NULL. It stopped there: what it wrote before is in the arrays, and what it allocated before is "
            "not freed.")
-TOO_BIG = ("scratch(): a memref.alloc in the kernel asked for 2**63 bytes or more (its dims times its element size "
-           "overflow 64 bits, or a dim is negative).")
+TOO_BIG = ("scratch(): a memref.alloc in the kernel asked for 2**63 bytes or more (its dims times its element size, "
+           "plus its alignment, overflow 64 bits, or a dim is negative).")
 
 PRELUDE = """
 import threading
@@ -121,6 +121,19 @@ def test_a_size_of_2_to_the_63_bytes_or_more_is_an_allocation_error_before_mallo
     lines = _python(f"""
         scratch = mlir_kernel(SCRATCH, cache=False)(lambda n, i: (2,))
         attempt(lambda: scratch({n}, 0))
+        print(scratch(3, 2).tolist())
+    """)
+    assert lines == ["raised: " + TOO_BIG + " It stopped there: what it wrote before is in the arrays, and what it "
+                     "allocated before is not freed.", "[7.0, 1.0]"]
+
+
+def test_a_size_that_its_alignment_takes_past_2_to_the_63_bytes_is_an_allocation_error_before_malloc() -> None:
+    # (2**61 - 1) floats are 2**63 - 4 bytes; the lowering asks malloc for 4096 more, which wrapped past 2**63.
+    aligned = "%m = memref.alloc(%n) {alignment = 4096} : memref<?xf32>"
+    lines = _python(f"""
+        scratch = mlir_kernel(SCRATCH.replace("%m = memref.alloc(%n) : memref<?xf32>", {aligned!r}),
+                              cache=False)(lambda n, i: (2,))
+        attempt(lambda: scratch({2**61 - 1}, 0))
         print(scratch(3, 2).tolist())
     """)
     assert lines == ["raised: " + TOO_BIG + " It stopped there: what it wrote before is in the arrays, and what it "

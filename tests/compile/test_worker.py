@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -17,6 +19,7 @@ import pytest
 
 import memkernel.compile.worker as compile_worker
 from memkernel import subprocesses
+from memkernel.compile import server
 from memkernel import ArgumentError, CompileError, mlir_kernel
 
 from ..kernels import elementwise
@@ -429,3 +432,15 @@ def test_memkernel_compile_workers_must_be_a_positive_number(monkeypatch, value)
     with pytest.raises(CompileError, match=rf"\$MEMKERNEL_COMPILE_WORKERS must be a positive number of "
                                            rf"processes; got '{value}'"):
         add_kernel(cache=False).compile()
+
+
+def test_an_exception_that_does_not_pickle_reaches_the_caller_as_a_compile_error_with_its_text():
+    class LocalError(Exception):  # as the MLIR bindings make MLIRError: a local class, which pickle cannot name
+        pass
+
+    replies = io.BytesIO()
+    server._reply(replies, "raised", LocalError("Unable to parse module assembly: error: 1:2: bad"))
+    status, value, _ = pickle.loads(replies.getvalue())
+    assert status == "raised"
+    assert isinstance(value, CompileError)
+    assert str(value) == "LocalError: Unable to parse module assembly: error: 1:2: bad"

@@ -457,3 +457,27 @@ def test_the_reference_is_called_once_when_the_values_are_within_the_elementwise
 
     assert_matches(add, reference, np.arange(4, dtype=F32), np.ones(4, F32))
     assert calls == [np.float32]
+
+
+@pytest.mark.parametrize("tolerance", [{}, {"rtol": 0, "atol": 0}], ids=["default tolerance", "rtol=atol=0"])
+@pytest.mark.parametrize("scale", [1e3, 1e8])
+def test_zeros_do_not_match_a_reference_that_scales_by_a_large_constant(given, scale, tolerance):
+    rng = np.random.default_rng(6)
+    a, b = standard_normal(rng, (3, 1)), standard_normal(rng, (1, 4))
+    message = mismatch(given, lambda x, a, b: scale * (a @ b), np.zeros((3, 4), F32), a, b, **tolerance)
+    assert "differs from the reference in 12 of 12 elements\n" in message
+
+
+def test_a_value_three_percent_off_a_scaled_reference_fails(given):
+    rng = np.random.default_rng(7)
+    a, b = standard_normal(rng, (3, 1)), standard_normal(rng, (1, 4))
+    x = (F32(1.03e6) * (a @ b)).astype(F32)
+    message = mismatch(given, lambda x, a, b: 1e6 * (a @ b), x, a, b, rtol=0, atol=0)
+    assert "differs from the reference in 12 of 12 elements\n" in message
+
+
+def test_a_correct_scaled_long_sum_passes(given):
+    rng = np.random.default_rng(8)
+    a, b = standard_normal(rng, (2, 4096)), standard_normal(rng, (4096, 2))
+    x = (F32(1e6) * (a @ b)).astype(F32)
+    assert_matches(given, lambda x, a, b: F32(1e6) * (a @ b), x, a, b, rtol=0, atol=0)

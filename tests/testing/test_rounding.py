@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from memkernel import mlir_kernel
-from memkernel.testing.rounding import reference_arguments, rounding, unit_roundoff
+from memkernel.testing.rounding import PROBES, SAFETY, estimated_terms, reference_arguments, rounding, unit_roundoff
 
 from .. import kernels
 
@@ -70,10 +70,23 @@ def test_integer_arguments_are_left_as_they_are():
     assert (x, n) == (1.0, -3)
 
 
+def probes(reference, *shapes, seed=0):
+    """The reference on random signs and on random zeros and ones of arguments of these shapes."""
+    rng = np.random.default_rng(seed)
+    signs = [reference(*(rng.choice([-1.0, 1.0], size=s) for s in shapes)) for _ in range(PROBES)]
+    masks = [reference(*(rng.integers(0, 2, size=s).astype(np.float64) for s in shapes)) for _ in range(PROBES)]
+    return {"signs": signs, "masks": masks}
+
+
+def matmul(a, b):
+    return a @ b
+
+
 def matmul_bound(a, b):
     wide = np.complex128 if a.dtype.kind == "c" else np.float64
     a64, b64 = a.astype(wide), b.astype(wide)
-    return rounding((a @ b), a64 @ b64, np.abs(a64) @ np.abs(b64), np.ones_like(a64) @ np.ones_like(b64))
+    return rounding((a @ b), a64 @ b64, np.abs(a64) @ np.abs(b64), np.ones_like(a64) @ np.ones_like(b64),
+                    **probes(matmul, a.shape, b.shape))
 
 
 def test_the_bound_of_a_matmul_covers_highams_worst_case_and_not_much_more():
@@ -102,14 +115,16 @@ def test_a_reference_that_computes_in_float32_adds_its_own_rounding():
     rng = np.random.default_rng(2)
     a, b = rng.standard_normal((2, 100), dtype=F32), rng.standard_normal((100, 2), dtype=F32)
     size = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64))
-    in_float32 = rounding(a @ b, a @ b, size, np.full((2, 2), 100.0))
-    in_float64 = rounding(a @ b, a.astype(np.float64) @ b, size, np.full((2, 2), 100.0))
+    terms = probes(matmul, a.shape, b.shape)
+    in_float32 = rounding(a @ b, a @ b, size, np.full((2, 2), 100.0), **terms)
+    in_float64 = rounding(a @ b, a.astype(np.float64) @ b, size, np.full((2, 2), 100.0), **terms)
     assert np.allclose(in_float32.allowed, 2 * in_float64.allowed, rtol=1e-6)
 
 
 def test_elements_whose_magnitude_or_terms_are_not_finite_get_no_allowance():
     got = np.ones(3, F32)
-    bound = rounding(got, np.ones(3), np.array([np.inf, 1, 1]), np.array([1, np.nan, 1]))
+    bound = rounding(got, np.ones(3), np.array([np.inf, 1, 1]), np.array([1, np.nan, 1]),
+                     **probes(lambda x: x, (3,)))
     assert bound.allowed[0] == bound.allowed[1] == 0 and bound.allowed[2] > 0
     assert bound.terms == 1
 
@@ -121,5 +136,26 @@ def test_elements_whose_magnitude_or_terms_are_not_finite_get_no_allowance():
 ])
 def test_a_reference_value_that_does_not_fit_is_refused_with_what_it_gave(exact, magnitudes, ones, said):
     with pytest.raises(ValueError) as caught:
-        rounding(np.ones(3, F32), exact, magnitudes, ones)
+        rounding(np.ones(3, F32), exact, magnitudes, ones, **probes(lambda x: x, (3,)))
     assert str(caught.value) == said
+
+
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 1e8])
+@pytest.mark.parametrize("k", [1, 7, 300])
+def test_the_terms_of_a_scaled_matmul_are_counted_whatever_the_scale(scale, k):
+    terms = estimated_terms(scale * np.full((3, 2), float(k)), **probes(lambda a, b: scale * (a @ b), (3, k), (k, 2)))
+    assert np.all(terms >= k / 2) and np.all(SAFETY * terms >= k)
+    assert np.all(terms <= 10 * k)  # not the constant: on ones the value is scale * k
+
+
+def test_a_sum_of_squares_counts_its_terms():
+    terms = estimated_terms(np.array([500.0]), **probes(lambda x: np.array([np.sum(x * x)]), (500,)))
+    assert 250 <= terms[0] <= 1500
+
+
+def test_a_reference_that_scales_by_a_constant_sums_one_term_not_the_constant():
+    a = np.random.default_rng(5).standard_normal(100).astype(F32)
+    bound = rounding(np.zeros(100, F32), 1e8 * a.astype(np.float64), 1e8 * np.abs(a.astype(np.float64)),
+                     np.full(100, 1e8), **probes(lambda x: 1e8 * x, (100,)))
+    assert bound.terms <= 4 * SAFETY  # the estimate from zeros and ones of one term is at most 4
+    assert np.all(bound.allowed <= 1e-5 * 1e8 * np.abs(a))  # a few units in the last place, not 10^8 of them
