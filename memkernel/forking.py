@@ -29,6 +29,7 @@ _Reset = TypeVar("_Reset", bound=Callable[[], object])
 
 _locks: weakref.WeakSet[Any] = weakref.WeakSet()
 _resets: list[Callable[[], object]] = []
+_semaphores: weakref.WeakKeyDictionary[threading.Semaphore, int] = weakref.WeakKeyDictionary()
 
 
 def close_descriptor(file: IO[bytes]) -> None:
@@ -64,6 +65,14 @@ def condition(of: threading.Lock | threading.RLock | None = None) -> threading.C
     return made
 
 
+def semaphore(value: int) -> threading.Semaphore:
+    """A ``threading.Semaphore`` that a forked child finds with all ``value`` slots free, whoever held them in the
+    parent (the threads that took them are not in the child; see :func:`lock`)."""
+    made = threading.Semaphore(value)
+    _semaphores[made] = value
+    return made
+
+
 def reset_in_child(reset: _Reset) -> _Reset:
     """Run ``reset`` in every forked child, after the locks of :func:`lock` are freed; returns it (a decorator).
 
@@ -77,6 +86,9 @@ def reset_in_child(reset: _Reset) -> _Reset:
 def _release_in_child() -> None:
     for each in list(_locks):
         each._at_fork_reinit()  # what threading and logging do to their own locks in a child (CPython 3.9+)
+    for made, value in list(_semaphores.items()):
+        made._cond._at_fork_reinit()  # type: ignore[attr-defined]  # CPython's Semaphore: a Condition and a count
+        made._value = value  # type: ignore[attr-defined]
     for reset in _resets:
         reset()
 

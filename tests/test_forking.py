@@ -153,3 +153,12 @@ def test_every_lock_and_condition_of_the_package_is_made_free_in_a_forked_child(
         if _MADE_BY_THREADING.search(line)
     )
     assert made_elsewhere == [], "make these with memkernel.forking.lock(), rlock() or condition()"
+
+
+def test_a_semaphore_of_the_package_has_all_its_slots_free_in_a_forked_child():
+    slots = forking.semaphore(2)
+    assert slots.acquire(timeout=1) and slots.acquire(timeout=1)
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if slots.acquire(timeout=2) and slots.acquire(timeout=2) and not slots.acquire(timeout=0.1) else 1)
+    assert os.waitpid(pid, 0)[1] == 0

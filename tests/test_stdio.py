@@ -201,15 +201,15 @@ def test_a_callback_calling_a_capturing_kernel_prints_in_order(capture):
     assert lines == ["before", "7", "[1,  2]", "0.5", "callback done", "7", "after"]
 
 
-PARALLEL_SCRIPT = f"""
+PARALLEL_SCRIPT = """
 import threading
 import numpy as np
 from memkernel import mlir_kernel
 say = mlir_kernel('''
-func.func @say(%v: i64) {{
+func.func @say(%v: i64) {
   vector.print %v : i64
   return
-}}''', name="say", capture_output=True)(lambda v: None)
+}''', name="say", capture_output=True)(lambda v: None)
 threads = set()
 
 def visit(i):

@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from ..errors import CompileError
+from .. import forking
 from ..forking import close_descriptor
 from ..load.cache import Folder, environment
 from ..subprocesses import LLVM_QUIET, appending_file, peer_credentials, worker_command
@@ -138,7 +139,7 @@ def _connect(folder: Path, handle: int, name: str) -> socket.socket | None:
     return connection
 
 
-_state_lock = threading.Lock()
+_state_lock = forking.lock()
 _starting: dict[str, threading.Thread] = {}
 """The threads of this process starting a server, by name (see :func:`start`)."""
 _held: set[int] = set()
@@ -254,7 +255,7 @@ def run(folder: Folder, options: tuple[str, ...], at_once: int, what: str, funct
     request = pickle.dumps((function, args), protocol=pickle.HIGHEST_PROTOCOL)
     name = server_name(options)
     with _state_lock:
-        slots = _slots.setdefault(name, threading.Semaphore(at_once))
+        slots = _slots.setdefault(name, forking.semaphore(at_once))
     with slots:
         for _ in range(_ATTEMPTS):
             with contextlib.suppress(_NotTaken):
@@ -347,7 +348,6 @@ def server_pid(folder: Folder, options: tuple[str, ...]) -> int | None:
 def forget_in_child() -> None:
     """In a forked child: close the parent's connections, files and locks (its threads that used them are not
     in the child), and start afresh."""
-    global _state_lock
     for connection, exchange, stderr in list(_in_flight):
         connection.close()
         close_descriptor(exchange)
@@ -358,4 +358,3 @@ def forget_in_child() -> None:
     _held.clear()
     _starting.clear()
     _slots.clear()
-    _state_lock = threading.Lock()

@@ -18,12 +18,12 @@ exception's, which JAX raises as ``JaxRuntimeError`` from the jitted call.
 from __future__ import annotations
 
 import ctypes
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from .. import forking
 from ..model.contract import BufferContract
 from .op_plan import OpPlan, as_tuple
 
@@ -110,7 +110,7 @@ class Constants:
     def __init__(self) -> None:
         self._numbers: dict[tuple[Any, ...], int] = {}
         self._calls: list[tuple[tuple[Any, ...], tuple[tuple[int, np.dtype], ...]]] = []
-        self._lock = threading.Lock()
+        self._lock = forking.lock()
 
     def number(self, values: Sequence[Any], operands: Sequence[tuple[int, np.dtype]]) -> int:
         """The number of a call whose parameters are ``values``, but for ``operands`` (position, dtype)."""

@@ -439,7 +439,7 @@ def test_an_exception_that_does_not_pickle_reaches_the_caller_as_a_compile_error
         pass
 
     replies = io.BytesIO()
-    server._reply(replies, "raised", LocalError("Unable to parse module assembly: error: 1:2: bad"))
+    server.reply(replies, "raised", LocalError("Unable to parse module assembly: error: 1:2: bad"))
     status, value, _ = pickle.loads(replies.getvalue())
     assert status == "raised"
     assert isinstance(value, CompileError)
