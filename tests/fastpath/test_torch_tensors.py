@@ -3,12 +3,15 @@ refuses or copies: against torch, with the path each call took."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
 from memkernel import ArgumentError, mlir_kernel
 
 from ..kernels import MATMUL, elementwise
+from ..processes import run_python
 from .conftest import HAS_ENTRIES, with_fast_path
 
 torch = pytest.importorskip(
@@ -172,3 +175,47 @@ def test_a_mode_that_answers_a_flag_with_a_truthy_non_bool_is_declined_and_refus
     with Truthy(), pytest.raises(ArgumentError, match="negative bit"):
         add(torch.ones(3), torch.ones(3))
     assert add.invoker.last_path == "checked"
+
+
+def test_a_fake_tensor_takes_the_checked_path_which_refuses_it(add):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        fake = torch.ones(4)
+    with pytest.raises(ArgumentError, match=re.escape("got a torch.Tensor whose storage is on device meta")):
+        add(fake, torch.ones(4))
+    assert add.invoker.last_path == "checked"
+
+
+def test_a_tensor_without_memory_is_declined_by_the_compiled_code():
+    """An exact tensor whose storage was freed under it has a null data pointer: the compiled code declines it and
+    the checked path refuses it. In a subprocess: reading it crashes."""
+    shown = run_python(f"""
+        import torch
+        from memkernel import ArgumentError, mlir_kernel
+
+        add = mlir_kernel({ADD!r})(lambda a, b: None)
+        add(torch.ones(1), torch.ones(1))
+        x = torch.ones(4)
+        x.untyped_storage().resize_(0)
+        try:
+            add(x, torch.ones(4))
+        except ArgumentError:
+            print(add.invoker.last_path)
+    """, MEMKERNEL_FAST_PATH="1")
+    assert shown.split() == ["checked"]
+
+
+def test_a_kernel_with_callbacks_leaves_tensors_to_the_checked_path_which_holds_their_storage():
+    kernel = with_fast_path(mlir_kernel("""
+    func.func private @cb()
+    func.func @copy(%x: memref<?xf32>, %y: memref<?xf32>) {
+      func.call @cb() : () -> ()
+      linalg.copy ins(%x : memref<?xf32>) outs(%y : memref<?xf32>)
+      return
+    }""", callbacks={"cb": lambda: None})(lambda x: None))
+    x = torch.arange(5, dtype=torch.float32)
+    kernel(x)
+    assert torch.equal(kernel(x), x)
+    assert kernel.invoker.last_path == "checked"
+    np.testing.assert_array_equal(kernel(x.numpy()), x.numpy())
+    assert kernel.invoker.last_path == "fast"
