@@ -276,7 +276,8 @@ def test_a_fake_tensor_as_out_is_refused_rather_than_written(add):
 
 @pytest.mark.parametrize("fast_path", ["1", "0"])
 def test_a_tensor_whose_storage_was_freed_under_it_is_refused_rather_than_read(fast_path):
-    """Its data pointer is null: in a subprocess, as reading it crashes."""
+    """Its data pointer is null: the compiled code declines it and the checked path refuses it. In a subprocess, as
+    reading it crashes."""
     shown = run_python(f"""
         import torch
         from memkernel import ArgumentError, mlir_kernel
@@ -288,11 +289,11 @@ def test_a_tensor_whose_storage_was_freed_under_it_is_refused_rather_than_read(f
         try:
             add(x, torch.ones(4))
         except ArgumentError as error:
-            print(error)
+            print(add.invoker.last_path, error)
     """, MEMKERNEL_FAST_PATH=fast_path)
-    assert shown.strip() == ("k(): argument 'a' expects memref<?xf32>; got a torch.Tensor whose storage is on device "
-                             "cpu with data pointer 0x0: it has no memory for a kernel to read or write. Pass a real "
-                             "tensor on the CPU.")
+    assert shown.strip() == ("checked k(): argument 'a' expects memref<?xf32>; got a torch.Tensor whose storage is on "
+                             "device cpu with data pointer 0x0: it has no memory for a kernel to read or write. Pass a "
+                             "real tensor on the CPU.")
 
 
 def test_the_checked_path_refuses_a_tensor_whose_storage_shrank_under_it_rather_than_read_past_its_end():
