@@ -191,7 +191,7 @@ class Kernel:
         if compiled.fast is not None:
             entry = compiled.owner.symbol(compiled.fast.entry) if compiled.fast.entry else 0
             fast = FastFunction(compiled.fast_address, compiled.consts_address, compiled.fast, reader,
-                                raiser(spec.name, options.source), entry)
+                                raiser(spec.name, options.source), entry, tensors=not self._callbacks)
         capture, may_print = options.capture_output, compiled.may_print
         construction = compiled.construction
         if construction is not None:  # the module's global constructors, printing as a call would

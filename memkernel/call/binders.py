@@ -191,18 +191,18 @@ class _BufferBinder(Binder):
         self._check_shape(array)
         return array
 
-    def asked(self, value: Any) -> tuple[Library, bool]:
+    def asked(self, value: Any) -> tuple[Library, bool, Any]:
         """Ask ``value``, an array of another library, what must be known before its memory is read (see
-        :func:`memkernel.call.dlpack.ask`): its library, and whether it is read only."""
+        :func:`memkernel.call.dlpack.ask`): its library, whether it is read only, and what holds its memory."""
         library = library_of(value)
-        return library, dlpack.ask(value, self._where(), self.name, library)
+        return (library, *dlpack.ask(value, self._where(), self.name, library))
 
-    def imported(self, value: Any, state: CallState, asked: tuple[Library, bool] | None = None
+    def imported(self, value: Any, state: CallState, asked: tuple[Library, bool, Any] | None = None
                  ) -> tuple[np.ndarray, Library]:
         """``value``, an array of another library, as an ndarray of its memory that the call keeps alive."""
-        library, read_only = asked or self.asked(value)
+        library, read_only, holder = asked or self.asked(value)
         array = dlpack.imported(value, self._where(), self.name, library, read_only)
-        state.keep.append(array)
+        state.keep += [array, holder]
         return array, library
 
     @staticmethod

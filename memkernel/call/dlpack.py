@@ -68,6 +68,7 @@ class Library:
 
 
 NUMPY = Library("numpy", "numpy array")
+TORCH = Library("torch", "torch.Tensor")
 
 
 def _family(value: Any) -> str:
@@ -89,7 +90,7 @@ def library_of(value: Any) -> Library:
     """The library ``value``, an argument with ``__dlpack__``, comes from."""
     family = _family(value)
     if family == "torch":
-        return Library("torch", "torch.Tensor")
+        return TORCH
     if family == "jax":
         return Library("jax", "jax.Array")
     kind = type(value)
@@ -112,17 +113,31 @@ def _device(value: Any, where: str, library: Library) -> tuple[int, int]:
             raise TypeError(f"__dlpack_device__() returned {device!r}, not a (device type, device id) tuple")
         return operator.index(device[0]), operator.index(device[1])
     except Exception as exc:
+        if library.name == "jax" and _deleted(value):
+            raise ArgumentError(
+                f"{where}; got a jax.Array that was deleted (by .delete(), or donated to a jitted function): its "
+                "memory is freed. Pass an array that is alive."
+            ) from None
         raise ArgumentError(
             f"{where}; got a {library.described} whose device memkernel cannot read ({type(exc).__name__}: "
             f"{exc}). Pass a numpy array, or an array whose __dlpack_device__ follows the DLPack protocol."
         ) from None
 
 
-def ask(value: Any, where: str, argument: str, library: Library) -> bool:
+def _deleted(value: Any) -> bool:
+    """Whether ``value``, a JAX array, was deleted, as its type's ``is_deleted`` says; False where it cannot say."""
+    try:
+        return type(value).is_deleted(value) is True
+    except Exception:  # a jax.Array subclass without it, or one that raises
+        return False
+
+
+def ask(value: Any, where: str, argument: str, library: Library) -> tuple[bool, Any]:
     """What must be asked of ``value`` before its memory is read: its device (ArgumentError naming it when it is
-    not the CPU) and, for a torch tensor, what DLPack does not say (ArgumentError for one that requires grad or
-    has its negative or conjugate bit set). Returns whether the memory must be read-only: an inference tensor
-    outside inference mode, which torch forbids writing.
+    not the CPU) and, for a torch tensor, what DLPack does not say (ArgumentError for one that requires grad, has
+    its negative or conjugate bit set, or has no memory: a fake or meta tensor). Returns whether the memory must
+    be read-only (an inference tensor outside inference mode, which torch forbids writing) and what the call must
+    hold to keep the memory alive: a torch tensor's storage (see :func:`_torch_storage`), else None.
 
     ``where`` starts each message (the kernel and the argument, see
     :meth:`~memkernel.model.contract.BufferContract.where`); ``argument`` names it in the fix. Asking may run
@@ -137,11 +152,45 @@ def ask(value: Any, where: str, argument: str, library: Library) -> bool:
             f"the CPU: pass {library.to_cpu(argument)}."
         )
     if library.name != "torch":
-        return False
+        return False, None
     refusal = _torch_refusal(value, argument)
     if refusal is not None:
         raise ArgumentError(f"{where}; got a torch.Tensor {refusal}")
-    return _torch_inference_tensor(value)
+    return _torch_inference_tensor(value), _torch_storage(value, where)
+
+
+def _torch_storage(value: Any, where: str) -> Any:
+    """A torch tensor's storage, which the call holds: the export of a tensor holds the tensor, not its memory,
+    which Python code the call runs later (a callback, an argument's ``__array__``) may free with ``set_()``.
+
+    ArgumentError for a tensor with no memory to read: a FakeTensor (``FakeTensorMode``), whose DLPack device is
+    the CPU but whose storage is on the meta device with a null data pointer. Asked with ``__torch_function__``
+    off, of torch's own base class, so a subclass cannot answer for its storage.
+    """
+    torch = sys.modules["torch"]
+    base = torch._C.TensorBase
+    try:
+        with torch._C.DisableTorchFunction():
+            storage = base.untyped_storage(value)
+            device = storage.device.type
+            sizes, strides = base.size(value), base.stride(value)
+            reach = 0 if 0 in sizes else (base.storage_offset(value) + 1
+                                          + sum((n - 1) * s for n, s in zip(sizes, strides))) * base.element_size(value)
+            data, size = (storage.data_ptr(), storage.nbytes()) if device == "cpu" else (0, 0)
+    except Exception as exc:  # a tensor subclass without storage
+        raise ArgumentError(f"{where}; got a torch.Tensor without storage ({type(exc).__name__}: {exc}), so "
+                            "there is no memory for a kernel to read. Pass a tensor with its data on the CPU."
+                            ) from None
+    if device != "cpu" or (data == 0 and reach > 0):
+        kind = " (a fake tensor of FakeTensorMode, or a meta tensor)" if device == "meta" else ""
+        raise ArgumentError(f"{where}; got a torch.Tensor whose storage is on device {device} with data pointer "
+                            f"{data:#x}{kind}: it has no memory for a kernel to read or write. Pass a real tensor "
+                            "on the CPU.")
+    if reach > size:
+        raise ArgumentError(f"{where}; got a torch.Tensor whose storage holds {size} bytes, fewer than the "
+                            f"{reach} its view reaches (the storage was resized under it). Pass a tensor whose "
+                            "storage holds its elements.")
+    return storage
 
 
 class _Exported:

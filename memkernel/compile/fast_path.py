@@ -329,7 +329,8 @@ class _Generator:
     def _tensor_fields(self, obj: str, contract: BufferContract) -> tuple[str, list[str], list[str]]:
         """A torch tensor's data pointer, sizes and element strides, read through the DLPack exchange API, once
         its device, dtype, rank, alignment and (for an identity layout) C-contiguity fit ``contract``: the
-        checks numpy makes of the array ``np.from_dlpack`` gives (see :mod:`memkernel.fastpath.torch_tensors`)."""
+        checks numpy makes of the array ``np.from_dlpack`` gives (see :mod:`memkernel.fastpath.torch_tensors`).
+        A non-empty tensor whose data pointer is null (no storage, as a fake tensor's) is declined too."""
         e = self.e
         rank = contract.rank
         assert rank is not None
@@ -353,16 +354,20 @@ class _Generator:
         alignment = contract.element.dtype.alignment
         address = e.value(f"llvm.ptrtoint {data} : !llvm.ptr to i64")
         misplaced = e.value(f"llvm.and {address}, {e.const(alignment - 1)} : i64")
+        null = e.value("llvm.mlir.zero : !llvm.ptr")
+        memory = e.icmp("ne", start, null, "!llvm.ptr")  # a tensor without storage (null data) is declined
         conditions = [e.icmp("eq", misplaced, e.const(0))]
         if not rank:
-            e.check(conditions[0])
+            e.check(e.all_of([conditions[0], memory]))
             return data, [], []
-        null = e.value("llvm.mlir.zero : !llvm.ptr")
         shape = e.load(tensor, "!llvm.ptr", DLTENSOR_SHAPE)
         strides_at = e.load(tensor, "!llvm.ptr", DLTENSOR_STRIDES)
         e.check(e.all_of([e.icmp("ne", shape, null, "!llvm.ptr"), e.icmp("ne", strides_at, null, "!llvm.ptr")]))
         sizes = [e.load(shape, "i64", 8 * i) for i in range(rank)]
         strides = [e.load(strides_at, "i64", 8 * i) for i in range(rank)]
+        nonempty = e.none_of([e.icmp("eq", size, e.const(0)) for size in sizes])
+        empty = e.value(f"llvm.xor {nonempty}, {e.const(1, 'i1')} : i1")
+        conditions.append(e.value(f"llvm.or {memory}, {empty} : i1"))
         if contract.needs_contiguous:
             conditions.append(self._c_contiguous(sizes, strides))
         e.check(e.all_of(conditions))

@@ -55,13 +55,18 @@ class FastFunction:
     :class:`~memkernel.call.results.ResultReader`), None when it has none.
     ``failed`` raises the error of a call whose kernel unwound to its guard, given the guard's frame
     (see :func:`memkernel.load.guard.raiser`).
+    ``tensors`` False keeps torch tensors off the compiled code, for the checked path: a kernel with callbacks
+    runs Python during the call, which may free a tensor's storage, and the compiled code reads a tensor
+    through a borrowed pointer that holds no reference to it (the checked path's DLPack export holds one).
     """
 
     def __init__(self, function_address: int, consts_address: int, fast: FastSymbols,
-                 reader: ResultReading | None, failed: Callable[[int], NoReturn], entry_address: int = 0) -> None:
+                 reader: ResultReading | None, failed: Callable[[int], NoReturn], entry_address: int = 0,
+                 tensors: bool = True) -> None:
         constants.fill(consts_address, fast.dtypes, failed)
         self._consts_address = consts_address
-        self.reads_torch = torch_tensors.adopt(consts_address)
+        self._tensors = tensors
+        self.reads_torch = tensors and torch_tensors.adopt(consts_address)
         """Whether the compiled code reads torch tensors (torch was imported and is adopted, see
         :mod:`memkernel.fastpath.torch_tensors`)."""
         self.entry_address = entry_address
@@ -75,7 +80,7 @@ class FastFunction:
 
     def adopt_torch(self) -> None:
         """Let the compiled code read torch tensors from now on (torch is imported: a call was given tensors)."""
-        if not self.reads_torch:
+        if self._tensors and not self.reads_torch:
             self.reads_torch = torch_tensors.adopt(self._consts_address)
 
     def __call__(self, args: tuple[Any, ...], outputs: tuple[Any, ...]) -> tuple[Any, ...] | None:

@@ -9,7 +9,10 @@ argument it asks each tensor what DLPack cannot say, as the checked path does
 (:mod:`memkernel.call.dlpack`): ``requires_grad``, ``is_neg()``, ``is_conj()``
 and, for one the kernel writes, ``is_inference()``; any of them true, it
 declines. Exact ``torch.Tensor`` only: a subclass, which may override any of
-it, takes the checked path.
+it, takes the checked path. The DLTensor borrows the tensor's memory and holds
+no reference to its storage, so a kernel that runs Python during the call (one
+with callbacks) leaves tensors to the checked path, which holds each storage
+(see :class:`~memkernel.fastpath.builtin.FastFunction`).
 
 The table starts with 0 there, which no type matches; :func:`adopt` fills it
 once torch is imported (memkernel never imports it).

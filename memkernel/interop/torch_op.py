@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..call.dlpack import TORCH, read_only_reason
 from ..errors import ArgumentError, SignatureError
 from ..model.contract import BufferContract, ScalarContract
 from ..model.dtypes import dtype_expression
@@ -105,7 +106,7 @@ class _Arguments:
 
     def convert(self, args: tuple[Any, ...]) -> list[Any]:
         values = []
-        for contract, accepted, value in zip(self.plan.inputs, self.accepted, args):
+        for k, (contract, accepted, value) in enumerate(zip(self.plan.inputs, self.accepted, args)):
             if accepted is None:
                 values.append(value)
                 continue
@@ -120,6 +121,9 @@ class _Arguments:
             if value.device.type != "cpu":
                 raise ArgumentError(f"{contract.where()}; got a tensor on {value.device}. memkernel kernels run on "
                                     f"the CPU: pass {contract.name}.cpu() (and copy the result back).")
+            if k in self.written and value.is_inference() and not torch.is_inference_mode_enabled():
+                raise ArgumentError(f"{contract.where()}; got a read-only torch.Tensor for an argument the kernel "
+                                    f"may write: {read_only_reason(value, TORCH, contract.name)}.")
             tensor = value.detach()
             if tensor.is_conj():
                 tensor = tensor.resolve_conj()

@@ -68,3 +68,12 @@ def test_bf16_jax_arrays_compute_as_jnp_does():
     got = add(a, b)
     assert got.dtype == jnp.bfloat16
     np.testing.assert_array_equal(np.asarray(got), np.asarray(a + b))
+
+
+def test_a_deleted_jax_array_is_an_error_that_says_it_was_deleted(add):
+    deleted = jnp.ones(3, jnp.float32)
+    deleted.delete()
+    with pytest.raises(ArgumentError, match=re.escape(
+            "k(): argument 'a' expects memref<?xf32>; got a jax.Array that was deleted (by .delete(), or donated to "
+            "a jitted function): its memory is freed. Pass an array that is alive.")):
+        add(deleted, jnp.ones(3, jnp.float32))

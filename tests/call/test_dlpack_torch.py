@@ -11,6 +11,7 @@ import pytest
 from memkernel import ArgumentError, DTypeError, mlir_kernel
 
 from ..kernels import elementwise
+from ..fastpath.conftest import with_fast_path
 from ..processes import run_python
 
 torch = pytest.importorskip(
@@ -217,3 +218,88 @@ def test_an_isolated_call_on_tensors_returns_a_tensor(add):
     a, b = torch.arange(4, dtype=torch.float32), torch.ones(4)
     got = isolated(a, b)
     assert type(got) is torch.Tensor and torch.equal(got, a + b)
+
+
+@pytest.mark.parametrize("fast_path", ["1", "0"])
+def test_a_callback_that_frees_a_tensors_storage_cannot_free_what_the_call_reads(fast_path):
+    """A callback runs Python during the call, after the tensors are read: the call holds each tensor's storage, so
+    ``x.set_()`` in the callback leaves the memory the kernel reads alive. In a subprocess: reading freed memory
+    may crash."""
+    shown = run_python("""
+        import gc
+        import torch
+        from memkernel import mlir_kernel
+
+        source = '''
+        func.func private @cb()
+        func.func @copy(%x: memref<?xf32>, %y: memref<?xf32>) {
+          func.call @cb() : () -> ()
+          linalg.copy ins(%x : memref<?xf32>) outs(%y : memref<?xf32>)
+          return
+        }'''
+        x = torch.ones(1)
+        junk = []
+
+        def cb():
+            x.set_()  # drops x's only reference to its storage
+            gc.collect()
+            junk.extend(torch.full((4096,), 7.0) for _ in range(8))
+
+        copy = mlir_kernel(source, callbacks={"cb": cb})(lambda x: None)
+        copy(torch.ones(1))  # torch is imported before the call that matters
+        x = torch.ones(1 << 24)  # 64 MiB: freed with munmap
+        y = copy(x)
+        print(copy.invoker.last_path, torch.equal(y, torch.ones(1 << 24)))
+    """, MEMKERNEL_FAST_PATH=fast_path)
+    assert shown.split() == ["checked", "True"]
+
+
+def _fake(*shape):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        return torch.ones(*shape)
+
+
+FAKE = ("got a torch.Tensor whose storage is on device meta with data pointer 0x0 (a fake tensor of FakeTensorMode, "
+        "or a meta tensor): it has no memory for a kernel to read or write. Pass a real tensor on the CPU.")
+
+
+def test_a_fake_tensor_input_is_refused_rather_than_read_from_a_null_pointer(add):
+    with pytest.raises(ArgumentError, match=re.escape(f"k(): argument 'a' expects memref<?xf32>; {FAKE}")):
+        add(_fake(4), torch.ones(4))
+
+
+def test_a_fake_tensor_as_out_is_refused_rather_than_written(add):
+    with pytest.raises(ArgumentError, match=re.escape(f"k(): argument 'out' expects memref<?xf32>; {FAKE}")):
+        add(torch.ones(4), torch.ones(4), out=_fake(4))
+
+
+@pytest.mark.parametrize("fast_path", ["1", "0"])
+def test_a_tensor_whose_storage_was_freed_under_it_is_refused_rather_than_read(fast_path):
+    """Its data pointer is null: the compiled code declines it and the checked path refuses it. In a subprocess, as
+    reading it crashes."""
+    shown = run_python(f"""
+        import torch
+        from memkernel import ArgumentError, mlir_kernel
+
+        add = mlir_kernel({ADD!r})(lambda a, b: None)
+        add(torch.ones(1), torch.ones(1))
+        x = torch.ones(4)
+        x.untyped_storage().resize_(0)
+        try:
+            add(x, torch.ones(4))
+        except ArgumentError as error:
+            print(add.invoker.last_path, error)
+    """, MEMKERNEL_FAST_PATH=fast_path)
+    assert shown.strip() == ("checked k(): argument 'a' expects memref<?xf32>; got a torch.Tensor whose storage is on "
+                             "device cpu with data pointer 0x0: it has no memory for a kernel to read or write. Pass a "
+                             "real tensor on the CPU.")
+
+
+def test_the_checked_path_refuses_a_tensor_whose_storage_shrank_under_it_rather_than_read_past_its_end():
+    add = with_fast_path(mlir_kernel(ADD)(lambda a, b: None), enabled=False)
+    x = torch.ones(1024)
+    x.untyped_storage().resize_(16)
+    with pytest.raises(ArgumentError, match=re.escape(
+            "got a torch.Tensor whose storage holds 16 bytes, fewer than the 4096 its view reaches")):
+        add(x, torch.ones(1024))

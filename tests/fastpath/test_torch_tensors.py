@@ -3,6 +3,8 @@ refuses or copies: against torch, with the path each call took."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -172,3 +174,28 @@ def test_a_mode_that_answers_a_flag_with_a_truthy_non_bool_is_declined_and_refus
     with Truthy(), pytest.raises(ArgumentError, match="negative bit"):
         add(torch.ones(3), torch.ones(3))
     assert add.invoker.last_path == "checked"
+
+
+def test_a_fake_tensor_takes_the_checked_path_which_refuses_it(add):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        fake = torch.ones(4)
+    with pytest.raises(ArgumentError, match=re.escape("got a torch.Tensor whose storage is on device meta")):
+        add(fake, torch.ones(4))
+    assert add.invoker.last_path == "checked"
+
+
+def test_a_kernel_with_callbacks_leaves_tensors_to_the_checked_path_which_holds_their_storage():
+    kernel = with_fast_path(mlir_kernel("""
+    func.func private @cb()
+    func.func @copy(%x: memref<?xf32>, %y: memref<?xf32>) {
+      func.call @cb() : () -> ()
+      linalg.copy ins(%x : memref<?xf32>) outs(%y : memref<?xf32>)
+      return
+    }""", callbacks={"cb": lambda: None})(lambda x: None))
+    x = torch.arange(5, dtype=torch.float32)
+    kernel(x)
+    assert torch.equal(kernel(x), x)
+    assert kernel.invoker.last_path == "checked"
+    np.testing.assert_array_equal(kernel(x.numpy()), x.numpy())
+    assert kernel.invoker.last_path == "fast"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -418,3 +419,18 @@ def test_wrong_static_dim_is_a_shape_error_in_the_call_and_in_the_fake():
         op(torch.ones(4, 5), torch.ones(4, 4))
     with pytest.raises(ShapeError, match=expected):
         op(torch.ones(4, 5, device="meta"), torch.ones(4, 4, device="meta"))
+
+
+def test_in_place_op_refuses_an_inference_tensor_outside_inference_mode_as_the_kernel_does():
+    op = matvec_op()
+    with torch.inference_mode():
+        y = torch.zeros(2)
+    with pytest.raises(ArgumentError, match=re.escape(
+            "matvec(): argument 'y' expects memref<?xf32>; got a read-only torch.Tensor for an argument the kernel "
+            "may write: it is an inference tensor, which torch forbids writing outside torch.inference_mode(). "
+            "Pass y.clone(), or call the kernel inside inference mode.")):
+        op(torch.ones(2, 3), torch.ones(3), y)
+    assert torch.equal(y, torch.zeros(2))
+    with torch.inference_mode():
+        op(torch.ones(2, 3), torch.ones(3), y)
+    assert torch.equal(y, torch.ones(2, 3) @ torch.ones(3))
