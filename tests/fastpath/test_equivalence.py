@@ -483,7 +483,10 @@ def test_window_bounds_near_2_to_the_62(window, data):
         except MemkernelError as exc:
             outcomes.append(("error", type(exc)))
     assert outcomes[0] == outcomes[1] == outcomes[2]
-    if outcomes[0][0] == "ok" and not isinstance(x, Broadcast) and not isinstance(w, Broadcast):
+    # An expanded tensor's elements share memory: what the kernel leaves there depends on its order of writes (the
+    # three paths agree on it above); numpy's element-by-element answer is for outputs whose elements are apart.
+    aliased = not huge_y and y.view == "torch expanded"
+    if outcomes[0][0] == "ok" and not isinstance(x, Broadcast) and not isinstance(w, Broadcast) and not aliased:
         a, b, out = (as_numpy(v.build()) for v in (x, w, y))
         expected = out.astype(np.int64) + [sum(int(a[2 * i + j]) * int(b[j]) for j in range(len(b)))
                                           for i in range(len(out))]
