@@ -39,6 +39,7 @@ parallel, and an abort in MLIR or LLVM ends only that process: the
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import functools
@@ -52,6 +53,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -215,6 +217,22 @@ def start(folder: Folder, options: tuple[str, ...]) -> None:
                                   name="memkernel compile server start")
         _starting[name] = thread
     thread.start()
+
+
+STARTING_AT_EXIT_SECONDS = 30.0
+"""How long a process that exits while a server it started gets ready waits for it: the server is for the
+next process, and a thread ended half way would leave none."""
+
+
+def _let_starting_servers_be_ready() -> None:
+    with _state_lock:
+        threads = list(_starting.values())
+    deadline = time.monotonic() + STARTING_AT_EXIT_SECONDS
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+
+
+atexit.register(_let_starting_servers_be_ready)
 
 
 def _start_quietly(folder_path: Path, name: str, options: tuple[str, ...]) -> None:
