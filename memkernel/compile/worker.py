@@ -126,6 +126,13 @@ class _Process:
             close_descriptor(file)
 
 
+MAX_POOL = 4
+"""The most worker processes per set of options by default, whatever the number of cores."""
+
+SPARE_SECONDS = 10.0
+"""How long a worker process beyond the first stays running while idle (each holds about 190 MB)."""
+
+
 def pool_size() -> int:
     """How many worker processes one set of LLVM options may run at once: ``$MEMKERNEL_COMPILE_WORKERS``,
     else the cores this process may use, at most :data:`MAX_POOL` (each is an interpreter with MLIR loaded)."""
@@ -140,13 +147,6 @@ def pool_size() -> int:
         return size
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(MAX_POOL, cores))
-
-
-MAX_POOL = 4
-"""The most worker processes per set of options by default, whatever the number of cores."""
-
-SPARE_SECONDS = 10.0
-"""How long a worker process beyond the first stays running while idle (each holds about 190 MB)."""
 
 
 class CompileWorker:
@@ -217,9 +217,13 @@ class CompileWorker:
                 self._idle.append(process)
             self._returned.notify()
             if len(self._idle) + len(self._busy) > 1 and self._trim is None:
-                self._trim = threading.Timer(SPARE_SECONDS, self._end_spares)
-                self._trim.daemon = True
-                self._trim.start()
+                self._schedule_trim()
+
+    def _schedule_trim(self) -> None:
+        """Look for spare processes to end in :data:`SPARE_SECONDS` (the caller holds the lock)."""
+        self._trim = threading.Timer(SPARE_SECONDS, self._end_spares)
+        self._trim.daemon = True
+        self._trim.start()
 
     def _end_spares(self) -> None:
         """End the idle processes beyond the first once none is busy (the burst of compiles is over);
@@ -228,9 +232,7 @@ class CompileWorker:
             self._trim = None
             if self._busy:
                 spares: list[_Process] = []
-                self._trim = threading.Timer(SPARE_SECONDS, self._end_spares)
-                self._trim.daemon = True
-                self._trim.start()
+                self._schedule_trim()
             else:
                 spares, self._idle = self._idle[:-1], self._idle[-1:]
         for process in spares:

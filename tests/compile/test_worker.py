@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -444,3 +445,11 @@ def test_an_exception_that_does_not_pickle_reaches_the_caller_as_a_compile_error
     assert status == "raised"
     assert isinstance(value, CompileError)
     assert str(value) == "LocalError: Unable to parse module assembly: error: 1:2: bad"
+
+
+@pytest.mark.parametrize("text", ["0", "-2", "many"])
+def test_memkernel_compile_workers_that_is_not_a_positive_number_is_a_compile_error(monkeypatch, text):
+    monkeypatch.setenv("MEMKERNEL_COMPILE_WORKERS", text)
+    with pytest.raises(CompileError, match=re.escape(
+            f"$MEMKERNEL_COMPILE_WORKERS must be a positive number of processes; got {text!r}")):
+        compile_worker.pool_size()
