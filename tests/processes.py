@@ -32,3 +32,13 @@ def wait_for(condition: Callable[[], bool], seconds: float = 10) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not). A process reaped between the open and the read of its
+    status file makes the read fail with ESRCH, which counts as ended too."""
+    try:
+        with open(f"/proc/{pid}/stat") as status:
+            return status.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False

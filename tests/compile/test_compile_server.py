@@ -24,9 +24,9 @@ from memkernel.compile import resident
 from memkernel.load.cache import disk_cache
 from memkernel.subprocesses import peer_credentials
 
-from .test_worker import (FORK_WHILE_A_THREAD_WAITS, MATRIX, REPO, _alive, _sleep_in_two_threads, add_kernel,
+from .test_worker import (FORK_WHILE_A_THREAD_WAITS, MATRIX, REPO, _sleep_in_two_threads, add_kernel,
                           check_add, flat_transpose, unique_add)
-from ..processes import wait_for
+from ..processes import alive, wait_for
 
 ON = {"MEMKERNEL_COMPILE_SERVER_IDLE": "30"}
 """The environment of these tests' processes: the server on (the session's conftest turns it off)."""
@@ -55,7 +55,7 @@ def _end_servers(folder: Path) -> None:
             pids.append(_pid_of(folder, path.name))
             path.unlink()
     for pid in pids:
-        wait_for(lambda: not _alive(pid) if pid else True)
+        wait_for(lambda: not alive(pid) if pid else True)
 
 
 def _pid_of(folder: Path, name: str) -> int | None:
@@ -115,7 +115,7 @@ with disk_cache() as folder:
 def test_a_fresh_process_compiles_in_the_server_the_last_one_left_running(cache):
     first = int(_finished(_script(COMPILE_AND_NAME_THE_SERVER, cache)))
     second = int(_finished(_script(COMPILE_AND_NAME_THE_SERVER, cache)))
-    assert first == second and _alive(first)
+    assert first == second and alive(first)
 
 
 def test_the_server_runs_detached_with_its_stderr_in_the_cache_folder(cache):
@@ -230,15 +230,15 @@ def _command_names(pid: int, name: str) -> bool:
 def test_a_socket_whose_server_is_gone_is_replaced(cache):
     first = int(_finished(_script(COMPILE_AND_NAME_THE_SERVER, cache)))
     os.kill(first, signal.SIGKILL)
-    assert wait_for(lambda: not _alive(first))
+    assert wait_for(lambda: not alive(first))
     assert len(_sockets(cache)) == 1  # left behind
     second = int(_finished(_script(COMPILE_AND_NAME_THE_SERVER, cache)))
-    assert second != first and _alive(second)
+    assert second != first and alive(second)
 
 
 def test_the_server_ends_after_its_idle_time(cache):
     pid = int(_finished(_script(COMPILE_AND_NAME_THE_SERVER, cache, MEMKERNEL_COMPILE_SERVER_IDLE="1")))
-    assert wait_for(lambda: not _alive(pid))
+    assert wait_for(lambda: not alive(pid))
     assert _sockets(cache) == []
 
 
@@ -249,7 +249,7 @@ def test_the_server_ends_at_once_when_its_socket_or_cache_folder_is_removed(cach
         subprocess.run(["rm", "-rf", str(cache)], check=True)
     else:
         (cache / _sockets(cache)[0]).unlink()
-    assert wait_for(lambda: not _alive(pid), seconds=3)
+    assert wait_for(lambda: not alive(pid), seconds=3)
 
 
 def test_an_abort_during_a_request_is_a_compile_error_naming_the_signal_and_the_next_compile_works(here):
@@ -294,8 +294,8 @@ def test_a_caller_killed_during_a_request_leaves_the_server_running_and_its_requ
     client, server, request = _sleeping_in_the_server(cache)
     client.kill()
     client.wait()
-    assert wait_for(lambda: not _alive(request), seconds=5)
-    assert _alive(server)
+    assert wait_for(lambda: not alive(request), seconds=5)
+    assert alive(server)
     assert int(_finished(_script(COMPILE_AND_NAME_THE_SERVER, cache))) == server
 
 
@@ -305,8 +305,8 @@ def test_ctrl_c_during_a_request_ends_the_wait_and_the_request(cache):
     client.send_signal(signal.SIGINT)
     assert _finished(client, timeout=10) == "interrupted\n"
     assert time.monotonic() - started < 10
-    assert wait_for(lambda: not _alive(request), seconds=5)
-    assert _alive(server)
+    assert wait_for(lambda: not alive(request), seconds=5)
+    assert alive(server)
 
 
 def test_a_server_killed_during_a_request_is_a_compile_error_and_the_next_request_starts_a_new_one(here):
@@ -411,7 +411,7 @@ def test_a_connection_from_another_user_is_closed_unserved(cache, tmp_path):
         """)], capture_output=True, text=True, timeout=60, cwd="/")
     assert stranger.stdout == "b''\n", stranger.stderr
     assert not marker.exists()
-    assert _alive(server)
+    assert alive(server)
 
 
 def test_a_server_of_another_user_is_refused_by_the_caller(here, monkeypatch):

@@ -24,7 +24,7 @@ from memkernel.compile import server
 from memkernel import ArgumentError, CompileError, mlir_kernel
 
 from ..kernels import elementwise
-from ..processes import run_python
+from ..processes import alive, run_python
 from ..threads import run_together
 
 REPO = str(Path(__file__).resolve().parents[2])
@@ -220,14 +220,6 @@ def test_a_process_with_a_warm_disk_cache_starts_no_worker(tmp_path):
     assert warm.stdout == "ok\n", warm.stderr
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as status:
-            return status.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def test_the_worker_ends_when_its_caller_dies(tmp_path):
     script = f"""
     import os, signal, sys
@@ -241,9 +233,9 @@ def test_the_worker_ends_when_its_caller_dies(tmp_path):
     assert done.returncode == -signal.SIGKILL
     pid = int(done.stdout)
     deadline = time.monotonic() + 10
-    while _alive(pid) and time.monotonic() < deadline:
+    while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(pid)
+    assert not alive(pid)
 
 
 def test_a_worker_killed_while_idle_is_replaced_without_an_error():
@@ -420,9 +412,9 @@ def test_spare_worker_processes_end_once_the_burst_of_compiles_is_over(monkeypat
     assert len(pool._idle) == 1
     kept = pool._idle[0].popen.pid
     for pid in pids - {kept}:
-        while _alive(pid) and time.monotonic() < deadline:
+        while alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _alive(pid)
+        assert not alive(pid)
     check_add(add_kernel(cache=False))
     assert pool.pid() == kept
 
