@@ -168,9 +168,17 @@ class Invoker:
     def _as_callers(self, returned: Any, args: tuple[Any, ...], given: tuple[Any, ...]) -> Any:
         """What a call returns, its new arrays made the caller's type when every array argument is a torch tensor
         or every one a JAX array (see :mod:`memkernel.call.dlpack`)."""
+        ndarray = np.ndarray
+        for i in self._array_inputs:  # the common case, every array a numpy array, first and cheaply
+            if type(args[i]) is not ndarray:
+                break
+        else:
+            for g in given:
+                if g is not None and type(g) is not ndarray:
+                    break
+            else:
+                return returned
         arrays = [args[i] for i in self._array_inputs] + [g for g in given if g is not None]
-        if all(type(a) is np.ndarray for a in arrays):
-            return returned
         library = callers_library(arrays)
         if library is None:
             return returned

@@ -111,6 +111,7 @@ class Worker:
         self.block = self._control.map
         """The control block, where a call is packed (see :mod:`memkernel.isolate.request`)."""
         self._sequence = 0
+        self._rung = 0
         self._waiting = select.poll()
         self._waiting.register(self._control.to_caller, select.POLLIN)
         try:
@@ -236,17 +237,18 @@ class Worker:
             return None if status == "ok" and value is None else (status, value)
         self.block[control.REQUEST_AT:control.REQUEST_AT + length] = request
         self._sequence += 1
-        control.HEADER.pack_into(self.block, control.REQUEST_HEADER_AT, control.CALL, self._sequence, length)
         answered = self._control.to_caller
         try:
-            os.eventfd_write(self._control.to_worker, 1)
-            ready = _poll(self._waiting, timeout)
-            if not ready:
-                self.kill()
-                raise WorkerTimedOut()
-            if ready[0][0] != answered and (len(ready) == 1 or ready[1][0] != answered):
-                raise self._died() from None
-            os.eventfd_read(answered)
+            self._ring(control.CALL, self._sequence, length)
+            if not (control.spin_until(self.block, control.REPLY_SEQUENCE_AT, self._sequence)
+                    and control.read_at_once(answered)):
+                ready = _poll(self._waiting, timeout)
+                if not ready:
+                    self.kill()
+                    raise WorkerTimedOut()
+                if ready[0][0] != answered and (len(ready) == 1 or ready[1][0] != answered):
+                    raise self._died() from None
+                os.eventfd_read(answered)
             status, sequence, _ = control.HEADER.unpack_from(self.block, control.REPLY_HEADER_AT)
             assert sequence == self._sequence, (sequence, self._sequence)
             if status == control.DONE:
@@ -278,8 +280,7 @@ class Worker:
         out of step.
         """
         try:
-            control.HEADER.pack_into(self.block, control.REQUEST_HEADER_AT, control.MESSAGE, 0, 0)
-            os.eventfd_write(self._control.to_worker, 1)
+            self._ring(control.MESSAGE, 0, 0)
             self._socket.settimeout(timeout)
             channel.send(self._socket, message, fds)
             replied = select.poll()
@@ -298,6 +299,13 @@ class Worker:
         finally:
             self._echo()
         return reply
+
+    def _ring(self, kind: int, sequence: int, length: int) -> None:
+        """Write the request's header, count the ring (where a spinning worker sees it) and wake the worker."""
+        control.HEADER.pack_into(self.block, control.REQUEST_HEADER_AT, kind, sequence, length)
+        self._rung += 1
+        control.WORD.pack_into(self.block, control.RUNG_AT, self._rung)
+        os.eventfd_write(self._control.to_worker, 1)
 
     def _died(self) -> WorkerDied:
         try:
@@ -333,8 +341,7 @@ class Worker:
         if self.owner != os.getpid():
             return
         if self._control.to_worker >= 0 and self.process.poll() is None:
-            control.HEADER.pack_into(self.block, control.REQUEST_HEADER_AT, control.EXIT, 0, 0)
-            os.eventfd_write(self._control.to_worker, 1)
+            self._ring(control.EXIT, 0, 0)
         self._close_channel()
         try:
             self.process.wait(timeout=2)

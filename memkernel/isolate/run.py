@@ -24,6 +24,7 @@ view of the caller's memory there; any other comes back as an array.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import struct
@@ -112,6 +113,10 @@ def _key(values: tuple[Any, ...]) -> list[Any] | None:
         else:
             return None
     return key
+
+
+_NO_BLOCK = contextlib.nullcontext()
+"""In place of a HeldInterrupts block where nothing needs holding (reusable: it holds no state)."""
 
 
 class _Held(NamedTuple):
@@ -211,18 +216,21 @@ class IsolatedRun:
                       waited: float) -> tuple[str, Any] | None:
         """The call, its copied arrays copied into the call's segment and what the kernel may write copied back."""
         layout, checked = prepared.layout, prepared.checked
-        # A Ctrl-C during the copies waits for their end: the caller's arrays get all of the kernel's writes or
-        # none. While the worker runs the call, it ends the call (the worker is killed).
-        with HeldInterrupts() as interrupts:
+        backs = [(i, offset) for i, offset in zip(prepared.copied, layout.offsets)
+                 if self._written[i] or prepared.fresh[i]]
+        # A Ctrl-C during the copies back waits for their end: the caller's arrays get all of the kernel's writes
+        # or none. While the worker runs the call, it ends the call (the worker is killed). One copy back is one
+        # call into C, which no signal handler interrupts: it needs no holding (and its two handler swaps).
+        held = HeldInterrupts(holding=False) if len(backs) > 1 else None
+        with held or _NO_BLOCK:
             layout.copy_into(segment.address)
-            interrupts.let_through()
             reply = self._request(worker, prepared.request, args, checked, waited)
-            interrupts.holding = True
+            if held is not None:
+                held.holding = True
             # Whatever the worker replied, the kernel's writes reach the caller's arrays, as in process: a
             # failed check (checked=True) stopped the kernel after the writes before it.
-            for i, offset in zip(prepared.copied, layout.offsets):
-                if self._written[i] or prepared.fresh[i]:
-                    copy_back(checked[i], segment, offset)
+            for i, offset in backs:
+                copy_back(checked[i], segment, offset)
             worker.needed(layout.size)  # until now: back-to-back long calls keep the segment
         return reply
 
@@ -308,6 +316,8 @@ class IsolatedRun:
         """The worker to this call (shown as ``call()``) alone; with ``timeout=``, KernelTimeout if another
         isolated call holds it for that long (that call goes on: it is not this call's to end)."""
         lock = process.lock()
+        if lock.acquire(blocking=False):
+            return _Held(lock, 0.0)
         started = time.monotonic()
         if not lock.acquire(timeout=-1 if self._timeout is None else self._timeout):
             raise KernelTimeout(

@@ -219,8 +219,11 @@ def serve(fd: int, parent: int, block_fd: int, wake: int, answer: int) -> None:
     sock = socket.socket(fileno=fd)
     block = control.worker_end(block_fd)
     worker = os.getpid()
+    rung = 0
     while True:
+        control.spin_until(block, control.RUNG_AT, rung + 1)  # a loop's next call comes while this spins
         os.eventfd_read(wake)
+        (rung,) = control.WORD.unpack_from(block, control.RUNG_AT)
         kind, sequence, length = control.HEADER.unpack_from(block, control.REQUEST_HEADER_AT)
         if kind == control.CALL:
             status, reply = _answer(server, block, length)

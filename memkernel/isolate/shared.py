@@ -104,6 +104,7 @@ class Layout:
                 self.offsets[i] = start + addresses[i] - low
             cursor = start + high - low
         self.size = cursor
+        self._copies = [(region.offset, region.low, region.high - region.low) for region in self.regions]
 
     def placed(self, arrays: list[np.ndarray]) -> list[Placed]:
         """Each of ``arrays`` (the ones laid out) as the other process rebuilds it."""
@@ -114,8 +115,9 @@ class Layout:
         """Copy every region's bytes from the caller's memory to its place in the segment mapped at ``start``:
         one ``memmove`` per region, gaps between a view's elements included, so a broadcast view of 2**40
         elements copies its few bytes, not 2**40 elements."""
-        for region in self.regions:
-            ctypes.memmove(start + region.offset, region.low, region.high - region.low)
+        memmove = ctypes.memmove
+        for offset, low, size in self._copies:
+            memmove(start + offset, low, size)
 
     def caller_address(self, offset: int, nbytes: int, arrays: list[np.ndarray]) -> tuple[int, np.ndarray] | None:
         """The caller's address of ``nbytes`` at segment ``offset`` and the one of ``arrays`` (the ones laid out)

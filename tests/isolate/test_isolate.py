@@ -831,3 +831,36 @@ def test_a_call_that_differs_from_the_last_only_in_the_sign_of_a_zero_is_not_tak
         for s in (0.0, -0.0, 0.0):
             reciprocal(s, y)
             np.testing.assert_array_equal(y, np.float32(1) / np.float32(s))
+
+
+def test_calls_shorter_and_longer_than_the_spin_alternate_with_numpys_answers():
+    # Each side busy-waits a while for the other before it sleeps (memkernel.isolate.control): a call of 16 floats
+    # is answered within the caller's spin, one of 2**21 floats after it, when the caller polls.
+    @mlir_kernel(ADD, isolate=True)
+    def add(a, b) -> "N": ...
+
+    rng = np.random.default_rng(5)
+    for n in (16, 2**21, 16, 16, 2**21, 3):
+        a = rng.standard_normal(n, dtype=np.float32)
+        b = rng.standard_normal(n, dtype=np.float32)
+        np.testing.assert_array_equal(add(a, b), a + b)
+
+
+def test_a_process_allowed_one_cpu_calls_without_spinning():
+    # Spinning on one CPU would only delay the other side: neither side spins there, and the calls are the same.
+    out = run_python(f"""
+        import os
+        os.sched_setaffinity(0, {{min(os.sched_getaffinity(0))}})
+        import numpy as np
+        from memkernel import mlir_kernel
+        from memkernel.isolate import control
+
+        @mlir_kernel({ADD!r}, isolate=True)
+        def add(a, b) -> "N": ...
+
+        a = np.arange(100, dtype=np.float32)
+        for k in range(50):
+            assert (add(a, a + k) == a + (a + k)).all()
+        print(control.SPIN_SECONDS)
+    """)
+    assert float(out) == 0.0
