@@ -39,7 +39,7 @@ def build_gufunc(options: KernelOptions, layout: GufuncLayout, shared_libs: Sequ
     symbols the kernel calls (an extern kernel's) to their addresses. Raises CompileError."""
     name = layout.kernel
     loop = FastPath(loop_text(layout, options.parallel), FastSymbols(loop_name(name), consts_name(name), ()), name,
-                    operand_types(layout), None)
+                    operand_types(layout), None, optimized=True)
     serial = dataclasses.replace(options, parallel=False)
     return compile_function(options.source, name, pipeline_of(serial), options.opt_level, shared_libs, loop,
                             False, {}, options.llvm_options, foreign)

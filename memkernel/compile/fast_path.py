@@ -83,6 +83,10 @@ class FastPath:
     result_type: str | None = None
     """The lowered kernel it calls, its operands' and result's LLVM types: what ``__memkernel_run_<kernel>``
     takes and stores."""
+    optimized: bool = False
+    """Whether LLVM optimizes its functions. A call's marshalling runs once per call, and optimizing it took
+    most of a compile (120 of 190 ms for an add kernel at ``opt_level=3``) for no gain measured per call: it is
+    compiled ``optnone``. A gufunc's loop, which calls the kernel once per batch element, is optimized."""
 
 
 def _handles(contract: Contract) -> bool:
@@ -948,5 +952,7 @@ def attach(module: ir.Module, fast: FastPath, runner: str) -> None:
         op = op.operation
         defined = op.name == "llvm.func" and len(op.regions[0].blocks) > 0
         table = op.name == "llvm.mlir.global" and ir.StringAttr(op.attributes["sym_name"]).value == fast.symbols.consts
+        if defined and not fast.optimized:
+            op.attributes["passthrough"] = ir.ArrayAttr.get([ir.StringAttr.get("noinline"), ir.StringAttr.get("optnone")])
         if defined or table:  # the runner's declarations name what the guarded module defines
             module.body.append(op.detach_from_parent())
