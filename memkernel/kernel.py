@@ -133,7 +133,8 @@ class Kernel:
         with kernel_cache.disk_cache() as folder:
             kernel_ir = _cached_ir(folder, key) if folder is not None and key is not None else None
             if kernel_ir is None:
-                kernel_ir, _ = _read_kernel(options, requested, self._function)
+                kernel_ir = (_read_kernel(options, requested, self._function)[0] if _isolated(options)
+                             else _read_kernel_ir(options, requested, self._function))
                 if folder is not None and key is not None:
                     folder.write(key, ".mks", codec.dumps(kernel_ir).encode())
         return kernel_ir
@@ -621,15 +622,43 @@ def _needs_library(kernel: str, library: str, doing: str) -> Iterator[None]:
 
 def _read_kernel(options: KernelOptions, requested: str | None,
                  function: Callable[..., Any]) -> tuple[KernelIR, ParsedSource]:
+    """The kernel's IR and its parsed source, read in this process: a kernel with callbacks binds them to the
+    source's declarations."""
     with _needs_compiler(requested, "reading the kernel's source (no cache holds it)"):
         from .compile import worker
         from .compile.decoration import read_kernel
 
-    if not isolation.wanted(options.isolate, options.callbacks, options.timeout):
-        worker.start(options.llvm_options)  # no cache holds its IR, so none its code: start compiling sooner
+    _start_compiling_sooner(options, worker)
+    return read_kernel(options, requested, _parameters(function))
 
+
+def _read_kernel_ir(options: KernelOptions, requested: str | None, function: Callable[..., Any]) -> KernelIR:
+    """The kernel's IR, read by the compile worker (see :mod:`memkernel.compile.reading`)."""
+    with _needs_compiler(requested, "reading the kernel's source (no cache holds it)"):
+        from .compile import reading, worker
+
+        reading.require_bindings()
+    _start_compiling_sooner(options, worker)
+    return reading.read_kernel_ir(options, requested, _parameters(function))
+
+
+def _isolated(options: KernelOptions) -> bool:
+    """Whether the kernel is compiled and called in an isolated call's worker: its decoration reads the source
+    here rather than start a compile worker that would only read it."""
+    return isolation.wanted(options.isolate, options.callbacks, options.timeout)
+
+
+def _start_compiling_sooner(options: KernelOptions, worker: Any) -> None:
+    """No cache holds the kernel's IR, so none its code: start the compile worker now, unless the kernel is
+    compiled in an isolated call's worker."""
+    if not _isolated(options):
+        worker.start(options.llvm_options)
+
+
+def _parameters(function: Callable[..., Any]) -> list[str]:
+    """The names of ``function``'s parameters, which name a kernel's inputs in messages; none when it has no
+    signature to read (bind() then says why)."""
     try:
-        parameters = [p.name for p in inspect.signature(function).parameters.values()]
-    except (TypeError, ValueError):  # no signature to read: bind() says why
-        parameters = []
-    return read_kernel(options, requested, parameters)
+        return [p.name for p in inspect.signature(function).parameters.values()]
+    except (TypeError, ValueError):
+        return []

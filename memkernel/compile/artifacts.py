@@ -20,10 +20,9 @@ from ..kernel import Kernel, spec_digest
 from ..load import artifacts
 from ..load.cache import Entry
 from ..load.objects import host_cpu
-from . import worker
-from .engine import object_code
+from . import requests, worker
 from .fast_path import fast_path
-from .pipeline import pipeline_of
+from .requests import PipelineChoice
 
 
 @dataclass(frozen=True)
@@ -80,8 +79,8 @@ def build_kernel(kernel: Kernel, out: str, target_cpu: str | None, manifest: dic
     module = kernel.function.__module__
     key, digest = artifacts.artifact_key(kernel._artifact_fields())
     fast = fast_path(spec, spec.signature.results) if abi.fast_path_supported() else None
-    made = worker.run(options.llvm_options, f"building @{name}", object_code, options.source, name,
-                      pipeline_of(options), options.opt_level, tuple(kernel._shared_libs), fast, (), (), cpu)
+    made = worker.run(options.llvm_options, f"building @{name}", requests.object_code, options.source, name,
+                      PipelineChoice.of(options), options.opt_level, tuple(kernel._shared_libs), fast, (), (), cpu)
     if made.initializers:
         raise CompileError(f"{name}(): memkernel build cannot build it: it has global constructors or destructors.")
     if made.externals and any(e.startswith(("_mlir_", "memref", "print")) for e in made.externals):

@@ -1,35 +1,31 @@
-"""Lowering a kernel and compiling it into object code (in the compile worker), and linking that code here.
+"""Lowering a kernel and compiling it into object code, in the compile worker.
 
-:func:`compile_function` sends the work to the compile worker (see
-:mod:`memkernel.compile.worker`), which runs :func:`object_code` or
-:func:`lowered_text`; the caller links the object with :func:`load_function`,
-as it links a disk cache entry.
+The caller's :func:`~memkernel.compile.build.compile_function` sends the work to
+the worker (see :mod:`memkernel.compile.requests`), which runs
+:func:`object_code` or :func:`lowered_text`; the caller links the object with
+:func:`~memkernel.load.compiled.load_function`, as it links a disk cache entry.
 """
 
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import os
 import tempfile
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Sequence
 
 from mlir import ir
 from mlir.execution_engine import ExecutionEngine
 
-from . import assertions, guard, initializers, worker
+from . import assertions, guard, initializers
 from ..errors import CompileError
 from ..load import libraries
-from ..load.cache import Entry
-from ..load.compiled import CompiledFunction, load_function
 from ..load.objects import LoadedObject, ObjectLoadError
 from .llvm import engine_libraries
-from ..stdio import may_print
 from .pipeline import Pipeline, add_llvm_c_interface, lower
 from ..analysis.source import MLIR_LOCK, ParsedSource, parse_source
 from .stderr import stderr_written
-from .fast_path import FastPath, attach, lowered_function, lowered_function_type
+from .compiled_object import ObjectCode
+from .fast_path import FastPath, lowered_function_type
 from ..analysis.types import read_signature
 from ..model.signature import Signature
 
@@ -106,20 +102,6 @@ def check_lowered_signature(module: ir.Module, signature: Signature) -> None:
             "64-bit index and the default memref calling convention (descriptors, not bare pointers). "
             "Drop index-bitwidth= and use-bare-ptr-memref-call-conv= from the pipeline."
         )
-
-
-@dataclass(frozen=True)
-class ObjectCode:
-    """What the compile worker makes of a kernel: its relocatable object, whether it holds the fast
-    path, the functions it calls that it does not define (the process that links it finds them),
-    whether its failed assertions and allocations return to a guard, and whether it has global constructors or
-    destructors (see :mod:`memkernel.compile.initializers`)."""
-
-    code: bytes
-    fast: bool
-    externals: tuple[str, ...]
-    guarded: bool = False
-    initializers: bool = False
 
 
 def _placeholder() -> ctypes.c_void_p:
@@ -206,49 +188,24 @@ def lowered_text(source: str, name: str, pipeline: Pipeline, callbacks: tuple[st
         return str(parsed.module)
 
 
-def _unresolved_error(name: str, unresolved: Sequence[str]) -> CompileError:
-    return CompileError(
-        f"@{name} calls {', '.join(unresolved)}, which no linked library defines. Bind a "
-        "declaration to Python with callbacks={name: function}; pass the library that defines "
-        "it in shared_libs=; the MLIR runtime libraries (memrefCopy, printMemref*, the APFloat "
-        "routines of f8 arithmetic) come with: pip install 'memkernel[runtime]'."
-    )
+def lowered_function(module: ir.Module, name: str) -> ir.Operation | None:
+    """The ``llvm.func @name`` of a lowered module, or None."""
+    for op in module.body.operations:
+        if op.operation.name == "llvm.func" and ir.StringAttr(op.attributes["sym_name"]).value == name:
+            return op.operation
+    return None
 
 
-def compile_function(
-    source: str,
-    name: str,
-    pipeline: Pipeline,
-    opt_level: int,
-    shared_libs: Sequence[str],
-    fast: FastPath | None = None,
-    keep_object: bool = False,
-    callbacks: Mapping[str, int] | None = None,
-    llvm_options: Sequence[str] = (),
-    foreign: Mapping[str, int] | None = None,
-) -> CompiledFunction:
-    """Compile ``source``'s kernel ``name`` in the compile worker and link it here.
-
-    ``fast``, when given, is compiled into the same module (if the lowered
-    signature allows it). With ``keep_object`` the result carries the object
-    code for the disk cache. ``callbacks`` maps declarations to the addresses
-    of the functions that define them (see :mod:`memkernel.call.callbacks`).
-    ``llvm_options`` picks the worker (see :mod:`memkernel.compile.worker`).
-    ``foreign`` maps the foreign symbols the object calls to their addresses (see :mod:`memkernel.load.foreign`).
-    CompileError with MLIR's diagnostics on failure, or if the worker crashed.
-    """
-    callbacks, foreign = callbacks or {}, foreign or {}
-    made = worker.run(llvm_options, f"compiling @{name}", object_code, source, name, pipeline, opt_level,
-                      tuple(shared_libs), fast, tuple(callbacks), tuple(foreign))
-    added, unresolved = libraries.libraries_for([e for e in made.externals if e not in foreign], shared_libs)
-    if unresolved:
-        raise _unresolved_error(name, unresolved)
-    entry = Entry(made.code, (*shared_libs, *added), fast.symbols if fast is not None and made.fast else None,
-                  may_print(made.externals), made.guarded,
-                  made.initializers)
-    try:
-        compiled = load_function(entry, name, {**{f"_mlir_ciface_{c}": a for c, a in callbacks.items()}, **foreign})
-    except ObjectLoadError as exc:
-        raise CompileError(f"JIT compilation of @{name} failed: its code did not link: {exc}. A function it "
-                           "calls may be missing: pass the library that defines it in shared_libs=.") from None
-    return compiled if keep_object else dataclasses.replace(compiled, entry=None)
+def attach(module: ir.Module, fast: FastPath, runner: str) -> None:
+    """Add the fast path to a lowered module whose kernel has the default lowered signature, with ``runner``:
+    the text of its ``__memkernel_run_<name>`` (see :func:`memkernel.compile.guard.runner`) and of the
+    declarations it needs."""
+    addition = ir.Module.parse(fast.text + runner, module.context)
+    for op in list(addition.body.operations):
+        op = op.operation
+        defined = op.name == "llvm.func" and len(op.regions[0].blocks) > 0
+        table = op.name == "llvm.mlir.global" and ir.StringAttr(op.attributes["sym_name"]).value == fast.symbols.consts
+        if defined and not fast.optimized:
+            op.attributes["passthrough"] = ir.ArrayAttr.get([ir.StringAttr.get("noinline"), ir.StringAttr.get("optnone")])
+        if defined or table:  # the runner's declarations name what the guarded module defines
+            module.body.append(op.detach_from_parent())

@@ -55,9 +55,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from mlir import ir
 
-from .guard import runner_name
 from ..load.guard import FRAME_SIZE as GUARD_FRAME_SIZE
 from ..model.contract import BufferContract, Contract, ScalarContract
 from ..model.kernel_spec import KernelSpec
@@ -65,7 +63,7 @@ from ..model.shapes import Dim
 from ..model.signature import ArgSpec, MemRefSpec, ScalarSpec, UnrankedSpec
 from ..fastpath.abi import LAYOUT, has_c_function
 from ..fastpath.constants import FIRST_DTYPE, Slot
-from ..fastpath.symbols import CallPath, FastSymbols
+from ..fastpath.symbols import CallPath, FastSymbols, runner_name
 from ..fastpath.torch_tensors import (DLPACK_ALLOCATOR, DLPACK_CPU, DLPACK_DLTENSOR_FROM_OBJECT, DLPACK_TO_OBJECT,
                                       DLTENSOR_BYTE_OFFSET, DLTENSOR_DEVICE, DLTENSOR_DTYPE, DLTENSOR_NDIM,
                                       DLTENSOR_SHAPE, DLTENSOR_SIZE, DLTENSOR_STRIDES, MANAGED_DELETER,
@@ -933,26 +931,3 @@ def fast_path(spec: KernelSpec, results: Sequence[ArgSpec]) -> FastPath | None:
     has_entry = not results and spec.n_outputs <= 1 and has_c_function("PyObject_Vectorcall")
     entry = f"__memkernel_entry_{spec.name}" if has_entry else None
     return _Generator(spec, scalars).module_text(entry)
-
-
-def lowered_function(module: ir.Module, name: str) -> ir.Operation | None:
-    """The ``llvm.func @name`` of a lowered module, or None."""
-    for op in module.body.operations:
-        if op.operation.name == "llvm.func" and ir.StringAttr(op.attributes["sym_name"]).value == name:
-            return op.operation
-    return None
-
-
-def attach(module: ir.Module, fast: FastPath, runner: str) -> None:
-    """Add the fast path to a lowered module whose kernel has the default lowered signature, with ``runner``:
-    the text of its ``__memkernel_run_<name>`` (see :func:`memkernel.compile.guard.runner`) and of the
-    declarations it needs."""
-    addition = ir.Module.parse(fast.text + runner, module.context)
-    for op in list(addition.body.operations):
-        op = op.operation
-        defined = op.name == "llvm.func" and len(op.regions[0].blocks) > 0
-        table = op.name == "llvm.mlir.global" and ir.StringAttr(op.attributes["sym_name"]).value == fast.symbols.consts
-        if defined and not fast.optimized:
-            op.attributes["passthrough"] = ir.ArrayAttr.get([ir.StringAttr.get("noinline"), ir.StringAttr.get("optnone")])
-        if defined or table:  # the runner's declarations name what the guarded module defines
-            module.body.append(op.detach_from_parent())

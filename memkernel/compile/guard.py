@@ -35,6 +35,7 @@ from collections.abc import Sequence
 
 from mlir import ir
 
+from ..fastpath.symbols import runner_name
 from ..load.guard import GUARD, KEY, MESSAGE_OFFSET, SIZE_OFFSET
 from . import allocations, assertions
 
@@ -118,10 +119,6 @@ def runner(name: str, operand_types: Sequence[str], result_type: str | None, gua
                "  llvm.return %zero : i32"
     return (_RUNNER_DECLARATIONS if guarded else "") + f"llvm.func @{runner_name(name)}({params}) -> i32 {{\n{body}\n}}\n"
 
-
-def runner_name(name: str) -> str:
-    """The symbol of the fast path's call of kernel ``name`` (see :func:`runner`)."""
-    return f"__memkernel_run_{name}"
 
 
 def contain(module: ir.Module) -> ir.Module | None:

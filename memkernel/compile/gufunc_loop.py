@@ -27,11 +27,11 @@ table's ``failed`` with that frame, which sets the error numpy raises.
 
 from __future__ import annotations
 
+from ..fastpath.symbols import runner_name
 from ..load.guard import FRAME_SIZE, MESSAGE_OFFSET, SIZE_OFFSET
 from ..ufunc.constants import STATUS_OFFSET, GuSlot, Status
 from ..ufunc.layout import CoreArg, GufuncLayout
 from .fast_path import _Emitter
-from .guard import runner_name
 
 _MIN_CHUNK = 16
 """Fewest batch elements a thread of a ``parallel=True`` gufunc gets: starting a thread costs about 20 µs."""

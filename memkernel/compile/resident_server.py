@@ -26,12 +26,16 @@ import time
 import traceback
 from pathlib import Path
 
-from . import engine
+from . import decoration, engine
+from .fast_path import fast_path
 from .llvm import parse_llvm_options
 from .pipeline import parse_pipeline
 from .resident import REQUEST, STATUS, TAKEN, address
 from .server import answer, reply
 from .stderr import SERVING
+from ..fastpath.abi import fast_path_supported
+from ..model.kernel_spec import bind
+from ..options import KernelOptions
 from ..subprocesses import peer_credentials
 
 CHECK_SECONDS = 0.25
@@ -244,11 +248,14 @@ _WARM_UP_KERNEL = """func.func @warm_up(%a: memref<16xf32>, %b: memref<16xf32>, 
 
 
 def _warm_up() -> None:
-    """Compile a small kernel here, once, so that what LLVM and MLIR set up at a process's first compile is
-    already done in the processes forked for requests (each compile then takes about 40 ms less). It creates
-    no thread: the server stays fit to fork."""
+    """Read and compile a small kernel here, with its fast path, once, so that what LLVM and MLIR set up at a
+    process's first read and compile is already done in the processes forked for requests (each compile then
+    takes about 40 ms less). It creates no thread: the server stays fit to fork."""
     try:
-        engine.object_code(_WARM_UP_KERNEL, "warm_up", parse_pipeline(None), 2, (), None, ())
+        kernel_ir, _ = decoration.read_kernel(KernelOptions(_WARM_UP_KERNEL), "warm_up", ("a", "b"))
+        spec = bind(kernel_ir, lambda a, b: None)
+        fast = fast_path(spec, spec.signature.results) if fast_path_supported() else None
+        engine.object_code(_WARM_UP_KERNEL, "warm_up", parse_pipeline(None), 3, (), fast, ())
     except Exception as exc:  # noqa: BLE001  (the requests will meet and report the same failure)
         print(f"memkernel's compile server could not warm up: {exc}", file=sys.stderr)
 

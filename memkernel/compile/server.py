@@ -10,7 +10,7 @@ import pickle
 import sys
 from typing import IO, Any
 
-from . import engine  # noqa: F401  (what requests run, and the MLIR bindings, loaded before the first request)
+from . import decoration, engine  # noqa: F401  # what requests run, and the MLIR bindings, loaded before the first request
 from ..errors import CompileError
 from .llvm import parse_llvm_options
 from .stderr import SERVING

@@ -33,3 +33,8 @@ class CallPath(enum.IntEnum):
     """The compiled fast path (or the compiled entry) ran the kernel."""
     CHECKED = 2
     """The checked Python path (:class:`~memkernel.call.plan.CallPlan`) ran it."""
+
+
+def runner_name(name: str) -> str:
+    """The symbol of the fast path's call of kernel ``name`` (see :func:`memkernel.compile.guard.runner`)."""
+    return f"__memkernel_run_{name}"

@@ -15,7 +15,9 @@ import pytest
 from mlir import ir
 
 from memkernel import mlir_kernel
-from memkernel.compile.engine import compile_function, lowered_text
+from memkernel.compile.build import compile_function
+from memkernel.compile.engine import lowered_text
+from memkernel.compile.requests import PipelineChoice
 from memkernel.compile.pipeline import parse_pipeline
 from memkernel.errors import CompileError, SignatureError
 from memkernel.analysis.types import element_type
@@ -244,7 +246,7 @@ def test_an_llvm_func_with_a_pointer_argument_is_refused() -> None:
 
 
 def test_an_llvm_func_compiles_with_a_c_interface_and_computes() -> None:
-    compiled = compile_function(LLVM_FUNCTIONS, "scaled", parse_pipeline(None), 3, ())
+    compiled = compile_function(LLVM_FUNCTIONS, "scaled", PipelineChoice(None, False, None, False), 3, ())
     n, x, result = ctypes.c_int64(7), ctypes.c_double(1.5), ctypes.c_double()
     args = (ctypes.c_void_p * 3)(*(ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in (n, x, result)))
     ctypes.CFUNCTYPE(None, ctypes.c_void_p)(compiled.address)(ctypes.addressof(args))
