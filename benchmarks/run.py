@@ -626,7 +626,8 @@ def parallel_rows(settings: Settings) -> list[Row]:
     if seconds is None:
         return [*rows, not_installed(benchmark, cases[1].variant)]
     ratio = f"{seconds / base:.2f} of serial ({base / seconds:.2f}× speedup)"
-    return [*rows, (benchmark, cases[1].variant, milliseconds(seconds), ratio, "—"), *parallel_matmul_rows(settings)]
+    return [*rows, (benchmark, cases[1].variant, milliseconds(seconds), ratio, "—"), *parallel_matmul_rows(settings),
+            *after_blas_rows(settings)]
 
 
 def parallel_matmul_rows(settings: Settings) -> list[Row]:
@@ -654,7 +655,7 @@ def parallel_matmul_rows(settings: Settings) -> list[Row]:
         return rows + compare(benchmark, [
             Case(blas, lambda: np.matmul(a, b, out=blas_out), blas_out),
             Case(variant, lambda: threaded(a, b, out=c), c, Target(0.9, at_least=True)),
-        ], a @ b, settings, show, throughput=True) + after_blas_rows(settings)
+        ], a @ b, settings, show, throughput=True)
 
 
 AFTER_BLAS_SIZE = 1024
@@ -667,10 +668,28 @@ def after_blas_rows(settings: Settings) -> list[Row]:
     parallel kernel, each right after it; the ratio is the median of serial time / parallel time, and its worst
     round. Whether the kernel's threads meet the spinning ones varies from process to process."""
     size, workers = AFTER_BLAS_SIZE, os.cpu_count() or 1
+    benchmark = f"parallel=True, matmul {size}×{size}×{size} f32, out=, after other work"
+    quiet = f"parallel=True ({workers} workers), nothing just before: speed-up over serial"
+    blas = f"the same right after np.matmul on {workers} OpenBLAS threads"
+    if find_library(ASYNC_RUNTIME) is None:  # the table keeps its rows
+        return [not_installed(benchmark, name) for name in (quiet, blas)]
+    with blas_threads(workers) as switched:
+        if not switched:
+            return [(benchmark, name, "not OpenBLAS: its threads are not set", "—", "—") for name in (quiet, blas)]
+        speedups = _speedups_after_blas(size, settings)
+    return [
+        (benchmark, quiet, "—", f"{statistics.median(speedups['quiet']):.2f}× speed-up "
+         f"(worst round {min(speedups['quiet']):.2f}×)", "—"),
+        (benchmark, blas, "—", f"{statistics.median(speedups['blas']):.2f}× speed-up "
+         f"(worst round {min(speedups['blas']):.2f}×)", "—"),
+    ]
+
+
+def _speedups_after_blas(size: int, settings: Settings) -> dict[str, list[float]]:
+    """Each round's serial time / parallel time, right after numpy's matmul ("blas") and after a sleep ("quiet")."""
     a, b, c = matmul_arrays(size, size, size, np.float32, NUMPY_OFFSET)
     serial, threaded = (mlir_kernel(MATMUL.format(t="memref<?x?xf32>"), pipeline="fast", parallel=parallel)(
         lambda a, b: None) for parallel in (False, True))
-    benchmark = f"parallel=True, matmul {size}×{size}×{size} f32, out=, after other work"
     speedups: dict[str, list[float]] = {"blas": [], "quiet": []}
     for case in speedups:
         for _ in range(settings.repeats):
@@ -686,12 +705,7 @@ def after_blas_rows(settings: Settings) -> list[Row]:
                 times.append(time.perf_counter() - start)
             speedups[case].append(times[0] / times[1])
     np.testing.assert_allclose(c, a @ b, rtol=1e-3, atol=1e-2)
-    return [
-        (benchmark, f"parallel=True ({workers} workers), nothing just before: speed-up over serial", "—",
-         f"{statistics.median(speedups['quiet']):.2f}× speed-up (worst round {min(speedups['quiet']):.2f}×)", "—"),
-        (benchmark, f"the same right after np.matmul on {workers} OpenBLAS threads", "—",
-         f"{statistics.median(speedups['blas']):.2f}× speed-up (worst round {min(speedups['blas']):.2f}×)", "—"),
-    ]
+    return speedups
 
 
 GUFUNC_BATCH = 10**4

@@ -76,6 +76,10 @@ ROWS = {
         "np.matmul(a, b, out=c), ",
         "memkernel memref<?x?xf32>, pipeline=fast, parallel=True (",
     ],
+    "parallel=True, matmul 1024×1024×1024 f32, out=, after other work": [
+        "parallel=True (",
+        "the same right after np.matmul on ",
+    ],
     "gufunc, 10000 × (8×8 @ 8×8) f32, out=": [
         "numpy np.matmul",
         "memkernel gufunc, vector-dialect memref<8x8xf32> kernel",
