@@ -42,7 +42,8 @@ SIZE = 1 << 20
 """Bytes of the control block: half for the request body, half for the reply body."""
 
 HEADER = struct.Struct("<qqq")
-"""kind (request) or status (reply), the call's sequence number, and the request body's length."""
+"""kind (request) or status (reply), the call's sequence number, and the request body's length (request) or the
+nanoseconds the worker took to answer (reply)."""
 LENGTH = struct.Struct("<q")
 """Before a pickled reply body: its length."""
 
@@ -80,13 +81,13 @@ SPIN_SECONDS = 200e-6 if len(os.sched_getaffinity(0)) > 1 else 0.0
 """How long each side busy-waits for the other before it sleeps on its eventfd (see the module's docstring)."""
 
 
-def spin_until(block: mmap.mmap, at: int, value: int) -> bool:
-    """Whether the word at ``at`` of ``block`` became ``value`` within :data:`SPIN_SECONDS` of busy waiting.
-    It says only that the other side is about to write its eventfd: read that before the rest of the block."""
-    if not SPIN_SECONDS:
+def spin_until(block: mmap.mmap, at: int, value: int, seconds: float = SPIN_SECONDS) -> bool:
+    """Whether the word at ``at`` of ``block`` became ``value`` within ``seconds`` of busy waiting. It says only
+    that the other side is about to write its eventfd: read that before the rest of the block."""
+    if seconds <= 0:
         return False
     read = WORD.unpack_from
-    deadline = time.perf_counter() + SPIN_SECONDS
+    deadline = time.perf_counter() + seconds
     while read(block, at)[0] != value:
         if time.perf_counter() > deadline:
             return False

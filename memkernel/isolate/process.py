@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import math
 import os
 import pickle
 import select
@@ -53,9 +54,19 @@ def _poll(poller: select.poll, timeout: float | None) -> list[tuple[int, int]]:
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         left = WAIT_SLICE if deadline is None else min(WAIT_SLICE, deadline - time.monotonic())
-        ready = poller.poll(max(1, int(left * 1000 + 0.999)))
+        ready = poller.poll(max(0, math.ceil(left * 1000)))  # whole ms: a deadline is met within 1 ms
         if ready or (deadline is not None and time.monotonic() >= deadline):
             return ready
+
+
+def _spin(deadline: float | None) -> float:
+    """How long a call busy-waits for the reply before it polls: :data:`~memkernel.isolate.control.SPIN_SECONDS`,
+    or, when less than a millisecond (``poll``'s unit) is left before ``deadline``, all of it, so that a
+    ``timeout=`` under a millisecond holds (where the process may spin at all)."""
+    if deadline is None or not control.SPIN_SECONDS:
+        return control.SPIN_SECONDS
+    left = deadline - time.monotonic()
+    return left if left < 0.001 else min(control.SPIN_SECONDS, left)
 
 
 class WorkerDied(Exception):
@@ -69,7 +80,12 @@ class WorkerDied(Exception):
 
 
 class WorkerTimedOut(Exception):
-    """A request took longer than its timeout; the worker was killed."""
+    """A request took longer than its timeout: the worker was killed, or, when ``took`` (seconds) is given, its
+    reply came past the deadline (the caller was not running to see the deadline pass) and was dropped."""
+
+    def __init__(self, took: float | None = None) -> None:
+        super().__init__(took)
+        self.took = took
 
 
 class SegmentUnavailable(Exception):
@@ -238,24 +254,29 @@ class Worker:
         self.block[control.REQUEST_AT:control.REQUEST_AT + length] = request
         self._sequence += 1
         answered = self._control.to_caller
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
             self._ring(control.CALL, self._sequence, length)
-            if not (control.spin_until(self.block, control.REPLY_SEQUENCE_AT, self._sequence)
+            if not (control.spin_until(self.block, control.REPLY_SEQUENCE_AT, self._sequence, _spin(deadline))
                     and control.read_at_once(answered)):
-                ready = _poll(self._waiting, timeout)
+                ready = _poll(self._waiting, None if deadline is None else deadline - time.monotonic())
                 if not ready:
                     self.kill()
                     raise WorkerTimedOut()
                 if ready[0][0] != answered and (len(ready) == 1 or ready[1][0] != answered):
                     raise self._died() from None
                 os.eventfd_read(answered)
-            status, sequence, _ = control.HEADER.unpack_from(self.block, control.REPLY_HEADER_AT)
+            status, sequence, took = control.HEADER.unpack_from(self.block, control.REPLY_HEADER_AT)
             assert sequence == self._sequence, (sequence, self._sequence)
-            if status == control.DONE:
+            late = timeout is not None and took > timeout * 1e9  # the worker's own count of the call's time
+            if status == control.DONE and not late:
                 return None
             if status == control.ON_SOCKET:
                 self._socket.settimeout(None)
                 reply, _ = channel.receive(self._socket)
+            if late:
+                raise WorkerTimedOut(took / 1e9)
+            if status == control.ON_SOCKET:
                 return reply  # type: ignore[no-any-return]
             (length,) = control.LENGTH.unpack_from(self.block, control.REPLY_AT)
             start = control.REPLY_AT + control.LENGTH.size

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..call import scalars
 from ..model.contract import Contract, ScalarContract
+from ..model.dtypes import ElementType
 
 TOKEN = struct.Struct("<q")
 ARRAY_HEAD = struct.Struct("<qqqq")
@@ -74,7 +75,7 @@ class Decoder:
             if scalar is not None:
                 raw = scalar.unpack_from(data, at)
                 at += scalar.size
-                arguments.append(scalars.decode(raw, about))
+                arguments.append(_as_given(scalars.decode(raw, about), about))
                 continue
             segment, offset, kind, rank = ARRAY_HEAD.unpack_from(data, at)
             at += ARRAY_HEAD.size
@@ -89,3 +90,14 @@ class Decoder:
                     array.flags.writeable = False
             arguments.append(array)
         return arguments
+
+
+def _as_given(value: np.generic, element: ElementType) -> Any:
+    """A decoded scalar as the compiled entry takes it, where that is exact: an int or a bool as Python's, an f64 or
+    an f32 as a Python float (an f32 widens exactly), NaNs aside (narrowing a NaN back may change its payload).
+    Anything else stays a numpy scalar, which the entry declines and the checked path passes bit for bit."""
+    if element.kind in ("int", "bool"):
+        return value.item()
+    if element.mlir in ("f32", "f64") and not np.isnan(value):
+        return float(value)
+    return value

@@ -320,12 +320,15 @@ class IsolatedRun:
             return _Held(lock, 0.0)
         started = time.monotonic()
         if not lock.acquire(timeout=-1 if self._timeout is None else self._timeout):
-            raise KernelTimeout(
-                f"{self._kernel}{call()} waited timeout={self._timeout:g} s for the worker "
-                "process, which was running another isolated call all that time, and did not start. One worker "
-                "runs the isolated calls of a process one at a time; raise timeout= to wait longer."
-            )
+            raise self._waited_too_long(call)
         return _Held(lock, time.monotonic() - started)
+
+    def _waited_too_long(self, call: Callable[[], str]) -> KernelTimeout:
+        return KernelTimeout(
+            f"{self._kernel}{call()} waited timeout={self._timeout:g} s for the worker "
+            "process, which was running another isolated call all that time, and did not start. One worker "
+            "runs the isolated calls of a process one at a time; raise timeout= to wait longer."
+        )
 
     def _request(self, worker: process.Worker, request: bytes, args: tuple[Any, ...],
                  checked: list[Any], waited: float) -> tuple[str, Any] | None:
@@ -334,16 +337,21 @@ class IsolatedRun:
         KernelTimeout when it died or took too long."""
         # The budget is the call's: the ``waited`` seconds behind other calls are spent; starting a worker,
         # compiling the kernel in it and copying the arrays in are not.
-        remaining = None if self._timeout is None else max(self._timeout - waited, 0.001)
+        remaining = None if self._timeout is None else self._timeout - waited
+        if remaining is not None and remaining <= 0:
+            raise self._waited_too_long(lambda: f"({self._summary(args, checked)})")
         try:
             reply = worker.call(request, timeout=remaining)
         except process.WorkerDied as died:
             raise self._crashed(died, self._summary(args, checked), "running the call") from None
-        except process.WorkerTimedOut:
+        except process.WorkerTimedOut as timed_out:
+            what = ("its worker process was killed and starts afresh at the next call" if timed_out.took is None else
+                    f"it took {timed_out.took:.3g} s in the worker, whose reply came while this process was not "
+                    "running, and was dropped")
             raise KernelTimeout(
-                f"{self._kernel}({self._summary(args, checked)}) ran longer than timeout={self._timeout:g} s; its "
-                "worker process was killed and starts afresh at the next call. Raise timeout= if the kernel needs "
-                "longer; the arrays it may write were left as they were before the call."
+                f"{self._kernel}({self._summary(args, checked)}) ran longer than timeout={self._timeout:g} s; {what}. "
+                "Raise timeout= if the kernel needs longer; the arrays it may write were left as they were before "
+                "the call."
             ) from None
         return reply
 

@@ -226,10 +226,11 @@ def serve(fd: int, parent: int, block_fd: int, wake: int, answer: int) -> None:
         (rung,) = control.WORD.unpack_from(block, control.RUNG_AT)
         kind, sequence, length = control.HEADER.unpack_from(block, control.REQUEST_HEADER_AT)
         if kind == control.CALL:
+            started = time.monotonic_ns()
             status, reply = _answer(server, block, length)
             if os.getpid() != worker:
                 os._exit(0)  # a child the kernel forked: only the worker answers
-            control.HEADER.pack_into(block, control.REPLY_HEADER_AT, status, sequence, 0)
+            control.HEADER.pack_into(block, control.REPLY_HEADER_AT, status, sequence, time.monotonic_ns() - started)
             os.eventfd_write(answer, 1)
             if status == control.ON_SOCKET:  # after the wake-up: the caller reads while this writes
                 channel.send(sock, reply)

@@ -22,6 +22,7 @@ from memkernel import (
 )
 
 from ..kernels import MATMUL, total
+from ..processes import run_python
 
 F32 = np.float32
 
@@ -367,3 +368,18 @@ def test_maps_that_are_not_sums_of_loop_dims_are_checked(output_map, size, messa
         with pytest.raises(ShapeError, match=re.escape(message)):
             k(a, guarded[4:])
     assert (guarded[:4] == -7).all()
+
+
+def test_the_masked_array_check_imports_no_numpy_ma():
+    # A process that never made a masked array has none to refuse; numpy.ma is 17 ms to import at a first call.
+    out = run_python("""
+        import sys
+        import numpy as np
+        from memkernel import mlir_kernel
+        sys.path.append("tests")
+        from kernels import total
+
+        kernel = mlir_kernel(total())(lambda x: None)
+        print(kernel([1.0, 2.0]), "numpy.ma" in sys.modules)
+    """)
+    assert out.split() == ["3.0", "False"]

@@ -864,3 +864,45 @@ def test_a_process_allowed_one_cpu_calls_without_spinning():
         print(control.SPIN_SECONDS)
     """)
     assert float(out) == 0.0
+
+
+@pytest.mark.parametrize("element, value, expected", [
+    ("f32", np.float32(1.5), 1.5), ("f64", 0.1, 0.1), ("i64", -(2**63), -(2**63)), ("i8", -5, -5), ("i1", True, True),
+])
+def test_the_worker_decodes_a_scalar_as_the_compiled_entry_takes_it(element, value, expected):
+    # A Python int, bool or float: the entry runs the call; a numpy scalar would send each call to the checked path.
+    from memkernel.call import scalars
+    from memkernel.isolate.request import _as_given
+    from memkernel.model.dtypes import element_named
+
+    element_type = element_named(element)
+    decoded = _as_given(scalars.decode(scalars.encode(value, element_type), element_type), element_type)
+    assert type(decoded) is type(expected) and decoded == expected
+
+
+PUT = """func.func @put(%s: f32, %o: memref<1xf32>) {
+  %c0 = arith.constant 0 : index
+  memref.store %s, %o[%c0] : memref<1xf32>
+  return
+}"""
+
+
+def test_an_f32_nan_reaches_the_kernel_as_in_process():
+    # Narrowing a NaN from a Python float may change its payload: a NaN stays a numpy scalar, which both paths
+    # take the same way (a signalling NaN comes out quiet in either).
+    isolated, here = (mlir_kernel(PUT, isolate=isolate)(lambda s: None) for isolate in (True, False))
+    for bits in (0x7FC00001, 0xFFC12345, 0x7F800001):  # quiet NaNs with payloads, a signalling NaN
+        value = np.array([bits], np.uint32).view(np.float32)[0]
+        assert isolated(value).view(np.uint32)[0] == here(value).view(np.uint32)[0]
+    assert here(np.array([0x7FC00001], np.uint32).view(np.float32)[0]).view(np.uint32)[0] == 0x7FC00001
+
+
+def test_a_timeout_under_a_millisecond_holds():
+    # poll() counts whole milliseconds: the last one before the deadline is waited for by spinning. A sum of 4e6
+    # floats, one add after the other, takes milliseconds on any machine. (A reply already there when the caller
+    # looks is taken, even past the deadline: the caller may have been descheduled meanwhile.)
+    @mlir_kernel(total(), name="total", isolate=True, timeout=0.0002)
+    def slow_sum(x): ...
+
+    with pytest.raises(KernelTimeout, match=r"ran longer than timeout=0\.0002 s"):
+        slow_sum(np.ones(4_000_000, np.float32))
