@@ -139,6 +139,15 @@ def test_missing_function_lists_the_defined_functions():
         decorate(SEVERAL_FUNCTIONS, none1, name="missing")
 
 
+def test_a_source_of_many_functions_lists_ten_and_counts_the_rest():
+    source = "\n".join(f"func.func @f{i}(%a: memref<?xf32>) {{ return }}" for i in range(25))
+    with raises(SignatureError, match=esc("functions defined: @f0, @f1, @f2, @f3, @f4, @f5, @f6, @f7, @f8, @f9 "
+                                          "and 15 more. Pass name=")):
+        decorate(source, none1, name="missing")
+    with raises(SignatureError, match=esc("(defined: @f0, @f1, @f2, @f3, @f4, @f5, @f6, @f7, @f8, @f9 and 15 more)")):
+        mlir_kernel(source)(lambda a: None)
+
+
 def test_missing_function_does_not_list_a_declaration_without_body():
     with raises(SignatureError, match="functions defined") as info:
         decorate(SEVERAL_FUNCTIONS, none1, name="missing")

@@ -11,6 +11,7 @@ from ..errors import SignatureError
 from ..model.kernel_spec import KernelIR, output_names
 from ..model.shapes import ShapeRules
 from ..model.signature import ScalarSpec
+from .diagnostics import function_list
 from .foreign import foreign_symbols
 from .lowerings import needs
 from .shapes import ir_rules
@@ -26,8 +27,8 @@ def kernel_name(parsed: ParsedSource, requested: str | None) -> str:
     with MLIR_LOCK, parsed.context:
         defined = parsed.defined_names()
     if len(defined) != 1:
-        listed = ", ".join(f"@{n}" for n in defined) or "none"
-        raise SignatureError(f"a lambda has no name to pick a function by (defined: {listed}); pass name=.")
+        raise SignatureError(f"a lambda has no name to pick a function by (defined: {function_list(defined)}); "
+                             "pass name=.")
     return defined[0]
 
 

@@ -54,3 +54,14 @@ def format_diagnostics(diagnostics: Sequence[ir.DiagnosticInfo], source: str) ->
     for diag in diagnostics:
         out.extend(_format_one(diag, lines, ""))
     return "\n".join(out)
+
+
+LISTED_NAMES = 10
+"""How many function names an error lists before it counts the rest."""
+
+
+def function_list(names: Sequence[str]) -> str:
+    """``@a, @b`` for the functions ``names``, the first :data:`LISTED_NAMES` of them and how many more; ``none``."""
+    shown = ", ".join(f"@{name}" for name in names[:LISTED_NAMES]) or "none"
+    more = len(names) - LISTED_NAMES
+    return f"{shown} and {more} more" if more > 0 else shown

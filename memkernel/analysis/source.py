@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from mlir import ir
 
-from .diagnostics import format_diagnostics
+from .diagnostics import format_diagnostics, function_list
 from ..errors import MLIRSyntaxError, OptionError, SignatureError
 from .ir_callbacks import install_attribute_casters
 from .resources import check_resources
@@ -54,10 +54,9 @@ class ParsedSource:
             if func_name == name and has_body:
                 return func.operation
             if has_body:
-                defined.append(f"@{func_name}")
-        listed = ", ".join(defined) if defined else "none"
+                defined.append(func_name)
         raise SignatureError(
-            f"no func.func @{name} with a body in the MLIR source; functions defined: {listed}. "
+            f"no func.func @{name} with a body in the MLIR source; functions defined: {function_list(defined)}. "
             "Pass name= to pick one."
         )
 

@@ -45,10 +45,16 @@ def options_text(options: tuple[str, ...]) -> str:
     return f" with llvm_options={options!r}" if options else ""
 
 
-def crash_message(worker: str, options: tuple[str, ...], what: str, died: str, started: bool) -> str:
+def crash_message(worker: str, options: tuple[str, ...], what: str, died: str, started: bool,
+                  gone: bool = False) -> str:
     """The CompileError text for ``worker`` (e.g. ``"compile worker"``) of LLVM ``options`` that ``died``
-    (see :func:`death`) during the request ``what``, or, unless ``started``, before it could serve one."""
+    (see :func:`death`) during the request ``what``, or, unless ``started``, before it could serve one; ``gone``:
+    the whole server went away without saying how the request ended (killed from outside, say)."""
     named = f"{worker}{options_text(options)}"
+    if gone:
+        return (f"the {named} went away during {what} without a reply: it was killed, or MLIR or LLVM aborted on "
+                f"this kernel. It {died}\nThis process is unharmed and the next compile starts a new server; if "
+                "the kernel fails the same way again, change it or pipeline=.")
     if not started:
         return (f"memkernel's {named} {died}\nIt ended before it could compile; if LLVM "
                 "refused an option above, fix or drop it in llvm_options=.")

@@ -315,7 +315,7 @@ def _exchange(connection: socket.socket, options: tuple[str, ...], what: str, re
         reply = _reply(exchange.fileno(), len(request)) if status in (0, None) else None
         if reply is None:
             raise CompileError(crash_message("compile server", options, what, death(status, stderr.fileno()),
-                                             started=True)) from None
+                                             started=True, gone=status is None)) from None
     finally:
         with _state_lock:
             _in_flight.discard(flight)

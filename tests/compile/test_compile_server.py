@@ -327,7 +327,9 @@ def test_a_server_killed_during_a_request_is_a_compile_error_and_the_next_reques
     os.kill(server, signal.SIGKILL)
     waiting.join(10)
     assert not waiting.is_alive()
-    assert isinstance(failed[0], CompileError) and "sleeping crashed the compile server: it ended" in str(failed[0])
+    assert isinstance(failed[0], CompileError)
+    assert str(failed[0]).startswith("the compile server went away during sleeping without a reply: it was killed, "
+                                     "or MLIR or LLVM aborted on this kernel. It ended.")
     check_add(add_kernel(cache=False))
     assert _server(here) not in (None, server)
 
