@@ -21,6 +21,7 @@ from ..options import KernelOptions
 if TYPE_CHECKING:
     from .compiled_object import ObjectCode
     from .fast_path import FastPath
+    from .pipeline import Pipeline
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,12 @@ class PipelineChoice:
         return cls(options.pipeline, options.parallel if parallel is None else parallel, options.schedule,
                    options.checked_wanted)
 
+    def parsed(self) -> Pipeline:
+        """The pipeline this choice makes (see :func:`memkernel.compile.pipeline.parse_pipeline`): in the worker."""
+        from .pipeline import parse_pipeline
+
+        return parse_pipeline(self.pipeline, self.parallel, self.schedule, self.checked)
+
 
 def kernel_ir_data(options: KernelOptions, requested: str | None, parameters: tuple[str, ...]) -> str:
     """The IR of kernel ``requested`` of ``options.source``, encoded (:mod:`memkernel.model.codec`); see
@@ -55,16 +62,13 @@ def object_code(source: str, name: str, choice: PipelineChoice, opt_level: int, 
                 target_cpu: str | None = None) -> ObjectCode:
     """Kernel ``name`` of ``source`` compiled to object code; see :func:`memkernel.compile.engine.object_code`."""
     from . import engine
-    from .pipeline import parse_pipeline
 
-    pipeline = parse_pipeline(choice.pipeline, choice.parallel, choice.schedule, choice.checked)
-    return engine.object_code(source, name, pipeline, opt_level, shared_libs, fast, callbacks, foreign, target_cpu)
+    return engine.object_code(source, name, choice.parsed(), opt_level, shared_libs, fast, callbacks, foreign,
+                              target_cpu)
 
 
 def lowered_text(source: str, name: str, choice: PipelineChoice, callbacks: Sequence[str], stage: str) -> str:
     """``source`` with kernel ``name`` lowered to ``stage``; see :func:`memkernel.compile.engine.lowered_text`."""
     from . import engine
-    from .pipeline import parse_pipeline
 
-    pipeline = parse_pipeline(choice.pipeline, choice.parallel, choice.schedule, choice.checked)
-    return engine.lowered_text(source, name, pipeline, tuple(callbacks), stage)
+    return engine.lowered_text(source, name, choice.parsed(), tuple(callbacks), stage)

@@ -97,10 +97,7 @@ def _dist_info_version(distribution: str) -> str | None:
     first folder of ``sys.path`` that holds one for ``distribution``; None where that is not one clear folder."""
     prefix = re.sub(r"[-_.]+", "_", distribution).lower() + "-"
     for entry in sys.path:
-        try:
-            names = os.listdir(entry or ".")
-        except OSError:
-            continue
+        names = _folder_names(entry or ".")
         matches = [name for name in names if name.lower().startswith(prefix) and name.endswith(".dist-info")]
         if len(matches) == 1 and "-" not in matches[0][len(prefix):-len(".dist-info")]:
             return matches[0][len(prefix):-len(".dist-info")]
@@ -118,6 +115,16 @@ def _environment() -> dict[str, str]:
         "python": f"{sys.implementation.name}-{sys.version_info.major}.{sys.version_info.minor}",
         "host": jit.host_cpu(),
     }
+
+
+@functools.lru_cache(maxsize=None)
+def _folder_names(folder: str) -> tuple[str, ...]:
+    """What ``folder`` of ``sys.path`` holds (none if it cannot be listed), listed once per process for all the
+    distributions a key names."""
+    try:
+        return tuple(os.listdir(folder))
+    except OSError:
+        return ()
 
 
 def environment() -> dict[str, str]:
