@@ -136,7 +136,8 @@ class _Loop:
             if a.scalar:
                 continue
             rank = len(a.names)
-            sizes = [e.load("%dims", "i64", 8 * d) for d in a.dims]
+            sizes = [e.load("%dims", "i64", 8 * d) if fixed is None else e.const(fixed)
+                     for fixed, d in zip(a.fixed_sizes, a.dims)]  # a fixed size lets LLVM inline the zero-fill
             strides = [e.load("%steps", "i64", 8 * (core_step + d)) for d in range(rank)]
             core_step += rank
             one = e.const(1)

@@ -49,6 +49,12 @@ class CoreArg:
     is_output: bool
     layout_offset: int = 0
 
+    @property
+    def fixed_sizes(self) -> tuple[int | None, ...]:
+        """Per core dim, the size the kernel fixes (such a dim is named by its size, and numpy refuses any
+        other), or None."""
+        return tuple(int(n) if n.isdigit() else None for n in self.names)
+
 
 @dataclass(frozen=True)
 class GufuncLayout:

@@ -208,6 +208,27 @@ def test_static_matmul_matches_numpy() -> None:
     np.testing.assert_allclose(gufunc(a, b), a @ b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("case", ["out filled", "transposed views", "out is an input", "out view with gaps"])
+def test_static_cores_are_zero_filled_copied_and_kept_apart_as_dynamic_ones(case: str) -> None:
+    """A fixed core size is a constant in the loop (the zero-fill of each output core is inlined): the kernel,
+    which accumulates into its output, still sees zeros, contiguous copies of views, and no input it wrote."""
+    gufunc = mlir_kernel(MATMUL_4X4_VECTOR)(lambda a, b: None).gufunc()
+    a, b = floats(6, 4, 4), floats(6, 4, 4)
+    out = np.full((6, 4, 4), 100, np.float32)
+    if case == "transposed views":
+        a, b, out = a.transpose(0, 2, 1), b.transpose(0, 2, 1), out.transpose(0, 2, 1)
+    expected = np.matmul(a, b)
+    if case == "out is an input":
+        out = a
+    elif case == "out view with gaps":
+        base = np.full((6, 4, 8), 7, np.float32)
+        out = base[:, :, ::2]
+    gufunc(a, b, out=out)
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+    if case == "out view with gaps":
+        assert (base[:, :, 1::2] == 7).all()
+
+
 def test_float64_input_is_numpys_casting_error(matmul: np.ufunc) -> None:
     with pytest.raises(TypeError, match="not supported for the input types"):
         matmul(floats(3, 4).astype(np.float64), floats(4, 2))
