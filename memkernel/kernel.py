@@ -210,7 +210,7 @@ class Kernel:
 
             return run_raising_callback_errors
 
-        invoker = Invoker(spec, plan, fast, allocator, wrap)
+        invoker = Invoker(spec, plan, fast, allocator, wrap, may_print)
         if invoker.entry is not None:  # calls now reach the compiled entry with no Python frame
             self.__class__ = called_through(type(self), invoker.entry)
         return invoker

@@ -85,8 +85,10 @@ class Invoker:
     """
 
     def __init__(self, spec: KernelSpec, plan: CallPlan | None, fast: FastFunction | None, allocator: OutputAllocator,
-                 wrap: Callable[[Run], Run]) -> None:
+                 wrap: Callable[[Run], Run], may_print: bool = True) -> None:
         self.spec = spec
+        self.may_print = may_print
+        """Whether the compiled kernel calls functions that may write to the C streams."""
         self.plan = plan
         self.fast = fast
         self._path = np.zeros(1, np.int64)  # the compiled entry writes here too: see last_path

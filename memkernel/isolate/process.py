@@ -237,10 +237,11 @@ class Worker:
         except OSError as exc:
             raise SegmentUnavailable(size, exc, "made in this process") from None
 
-    def call(self, request: bytes, timeout: float | None = None) -> tuple[str, Any] | None:
+    def call(self, request: bytes, timeout: float | None = None, quiet: bool = False) -> tuple[str, Any] | None:
         """Run the call packed in ``request`` (see :mod:`memkernel.isolate.request`), through the control block
         (on the socket when it does not fit there): None when it returned nothing to send back, else
-        ``("ok", Results)`` or ``("error", exception)``. Echoes what the worker printed meanwhile.
+        ``("ok", Results)`` or ``("error", exception)``. Echoes what the worker printed meanwhile, unless the
+        kernel is ``quiet`` (it writes nothing) and the call returned: that saves two system calls.
 
         Raises WorkerDied when the worker ended, WorkerTimedOut (after killing
         it) when ``timeout`` seconds passed; any other exception while waiting
@@ -255,6 +256,7 @@ class Worker:
         self._sequence += 1
         answered = self._control.to_caller
         deadline = None if timeout is None else time.monotonic() + timeout
+        echo = True
         try:
             self._ring(control.CALL, self._sequence, length)
             if not (control.spin_until(self.block, control.REPLY_SEQUENCE_AT, self._sequence, _spin(deadline))
@@ -269,6 +271,7 @@ class Worker:
             status, sequence, took = control.HEADER.unpack_from(self.block, control.REPLY_HEADER_AT)
             assert sequence == self._sequence, (sequence, self._sequence)
             late = timeout is not None and took > timeout * 1e9  # the worker's own count of the call's time
+            echo = not quiet or late or status not in (control.DONE, control.RESULTS)
             if status == control.DONE and not late:
                 return None
             if status == control.ON_SOCKET:
@@ -290,7 +293,8 @@ class Worker:
             self.kill()
             raise
         finally:
-            self._echo()
+            if echo:
+                self._echo()
 
     def request(self, message: Any, fds: tuple[int, ...] = (), timeout: float | None = None) -> Any:
         """Send ``message``, wait for the reply and echo what the worker printed meanwhile.

@@ -78,6 +78,9 @@ class _Prepared(NamedTuple):
     shared: dict[int, tuple[SharedSegment, int]]
     layout: Layout
     request: bytes
+    backs: list[tuple[int, int]]
+    """The copied arrays the kernel may write (written parameters, outputs allocated here), with their offsets:
+    what is copied back."""
 
 
 class _Repeat(NamedTuple):
@@ -93,6 +96,7 @@ class _Repeat(NamedTuple):
     shared: dict[int, tuple[SharedSegment, int]]
     layout: Layout
     request: bytes
+    backs: list[tuple[int, int]]
 
 
 _FLOAT_BITS = struct.Struct("<d")
@@ -152,6 +156,9 @@ class IsolatedRun:
         self._token = next(_tokens)
         weakref.finalize(self, process.dropped.append, self._token)
         self._timeout = options.timeout
+        self._quiet = False
+        """Whether the compiled kernel writes nothing to the C streams (as the worker said when it built it): its
+        calls that return need no look at what the worker printed."""
         lock = self._lock_worker(lambda: "()")
         try:
             self._define(self._worker())
@@ -189,12 +196,13 @@ class IsolatedRun:
         for i, offset in zip(copied, layout.offsets):
             places[i] = (CALL_SEGMENT, offset)
         request = self._pack(checked, places)
+        backs = [(i, offset) for i, offset in zip(copied, layout.offsets) if self._written[i] or fresh[i]]
         if self._repeatable and all(g is not None for g in given):
             key = _key(args + given)
             if key is not None:
                 scalars = {i: checked[i] for i in self._scalars}
-                self._last = _Repeat(key, scalars, copied, shared, layout, request)
-        return _Prepared(checked, outputs, fresh, copied, shared, layout, request)
+                self._last = _Repeat(key, scalars, copied, shared, layout, request, backs)
+        return _Prepared(checked, outputs, fresh, copied, shared, layout, request, backs)
 
     def _repeated(self, args: tuple[Any, ...], given: tuple[Any, ...]) -> _Prepared | None:
         """The last call's preparation if this call repeats it (see :class:`_Repeat`), else None."""
@@ -210,14 +218,13 @@ class IsolatedRun:
         checked = list(values)
         for i, encoded in last.scalars.items():
             checked[i] = encoded
-        return _Prepared(checked, given, self._none_fresh, last.copied, last.shared, last.layout, last.request)
+        return _Prepared(checked, given, self._none_fresh, last.copied, last.shared, last.layout, last.request,
+                         last.backs)
 
     def _copying_call(self, worker: process.Worker, segment: Segment, prepared: _Prepared, args: tuple[Any, ...],
                       waited: float) -> tuple[str, Any] | None:
         """The call, its copied arrays copied into the call's segment and what the kernel may write copied back."""
-        layout, checked = prepared.layout, prepared.checked
-        backs = [(i, offset) for i, offset in zip(prepared.copied, layout.offsets)
-                 if self._written[i] or prepared.fresh[i]]
+        layout, checked, backs = prepared.layout, prepared.checked, prepared.backs
         # A Ctrl-C during the copies back waits for their end: the caller's arrays get all of the kernel's writes
         # or none. While the worker runs the call, it ends the call (the worker is killed). One copy back is one
         # call into C, which no signal handler interrupts: it needs no holding (and its two handler swaps).
@@ -341,7 +348,7 @@ class IsolatedRun:
         if remaining is not None and remaining <= 0:
             raise self._waited_too_long(lambda: f"({self._summary(args, checked)})")
         try:
-            reply = worker.call(request, timeout=remaining)
+            reply = worker.call(request, timeout=remaining, quiet=self._quiet)
         except process.WorkerDied as died:
             raise self._crashed(died, self._summary(args, checked), "running the call") from None
         except process.WorkerTimedOut as timed_out:
@@ -367,7 +374,7 @@ class IsolatedRun:
         if self._token in worker.defined:
             return
         try:
-            self._reply(worker.request(("define", self._token, self._definition)))
+            self._quiet = not self._reply(worker.request(("define", self._token, self._definition)))
         except process.WorkerDied as died:
             raise self._crashed(died, "", "compiling the kernel") from None
         worker.defined.add(self._token)

@@ -144,7 +144,7 @@ class _Server:
             kernel = Kernel(definition.stand_in(), definition.options)  # in process, output capture off
             kernel.compile()
             self.kernels[token] = _Kernel(kernel)
-            return None
+            return kernel.invoker.may_print
         return self.call(message[1])  # ("call", body): a call too large for the control block
 
     def _map(self, number: int, size: int, fds: list[int]) -> None:

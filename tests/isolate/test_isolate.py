@@ -150,6 +150,34 @@ def test_what_an_isolated_kernel_prints_comes_in_order_with_python_prints(capsys
     assert "[4,  5]" in lines[-2]
 
 
+def test_only_calls_of_a_kernel_that_may_print_look_for_what_the_worker_printed(monkeypatch, capsys):
+    """A kernel that calls nothing that writes to the C streams skips the look (two system calls) at each
+    call that returns; a printing kernel's repeated calls each show their output, in order."""
+    echoes = []
+    echo = memkernel.isolate.process.Worker._echo
+    monkeypatch.setattr(memkernel.isolate.process.Worker, "_echo", lambda worker: (echoes.append(1), echo(worker))[1])
+    add = mlir_kernel(ADD, isolate=True)(lambda a, b: None)
+    a, out = np.arange(4, dtype=np.float32), np.empty(4, np.float32)
+    add(a, a, out=out)
+    echoes.clear()
+    for _ in range(3):
+        add(a, a, out=out)
+    np.testing.assert_array_equal(out, a + a)
+    assert echoes == []
+    source = SHOW_THEN_POKE.replace("llvm.store %v, %p : f32, !llvm.ptr\n", "")
+    show = mlir_kernel(source, shared_libs=["mlir_runner_utils"], isolate=True)(lambda x, address: None)
+    x = np.array([6.0, 7.0], np.float32)
+    show(x, 0)
+    capsys.readouterr()
+    echoes.clear()
+    for i in range(3):
+        print(f"call {i}")
+        show(x, 0)
+    assert len(echoes) == 3
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("call", "[6"))]
+    assert lines == ["call 0", "[6,  7]", "call 1", "[6,  7]", "call 2", "[6,  7]"]
+
+
 GIVE_UP = """
 llvm.mlir.global internal constant @message("kernel lost its way\\00") {addr_space = 0 : i32}
 llvm.func @perror(!llvm.ptr)
