@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+import memkernel.compile.engine
 from memkernel import mlir_kernel
 
 from ..kernels import TILE_ADDS_BY_4
@@ -39,3 +41,29 @@ def test_custom_pipeline_that_runs_the_transform_interpreter_applies_the_schedul
     assert "scf.for" in kernel.ir("llvm") or "llvm.cond_br" in kernel.ir("llvm")
     x = np.arange(10, dtype=np.float32)
     np.testing.assert_array_equal(kernel(x), 2 * x)
+
+
+LOWERED = """
+llvm.func @k(%p: !llvm.ptr) { llvm.return }
+llvm.func @_mlir_ciface_k(%p: !llvm.ptr) { llvm.call @k(%p) : (!llvm.ptr) -> () llvm.return }
+llvm.func @wide(%p: !llvm.ptr) attributes {prefer_vector_width = "512"} { llvm.return }
+llvm.func @declared(!llvm.ptr)
+"""
+
+
+@pytest.mark.parametrize("cpu, narrowed", [("znver4", True), ("skylake-avx512", False), ("x86-64", False)])
+def test_only_a_host_whose_512_bit_stores_stream_slower_vectorizes_256_bits_wide(monkeypatch, cpu, narrowed):
+    """On Zen 4, c = a + b on 10^7 floats ran at 0.85 of numpy's 256-bit loop with 512-bit vectors, 1.0 with 256."""
+    from mlir import ir
+
+    monkeypatch.setattr(memkernel.compile.engine, "host_cpu", lambda: f"{cpu};+avx512f")
+    with ir.Context():
+        module = ir.Module.parse(LOWERED)
+        memkernel.compile.engine.prefer_host_vector_width(module)
+        functions = {ir.StringAttr(op.attributes["sym_name"]).value: op.attributes for op in module.body.operations}
+    widths = {name: str(a["prefer_vector_width"]) if "prefer_vector_width" in a else None
+              for name, a in functions.items()}
+    assert widths == {"k": '"256"' if narrowed else None, "_mlir_ciface_k": '"256"' if narrowed else None,
+                      "wide": '"512"', "declared": None}
+    # the C interface keeps its own code: inlined into the engine's packed wrapper, it would be widened again
+    assert ("no_inline" in functions["_mlir_ciface_k"]) == narrowed and "no_inline" not in functions["k"]
