@@ -165,6 +165,14 @@ def test_fast_matmul_of_few_static_rows_reads_b_in_place_and_vectorizes_every_ti
     assert "memref.alloc" not in vectorized  # no packed panel
 
 
+def test_fast_matmul_of_one_static_row_cuts_k_into_steps_outside_the_column_tiles():
+    """A vector-matrix product reads B's rows end to end, eight at a time (as sgemv does), not down its columns."""
+    vectorized = FEW_ROWS_MATMULS[1, "f32"].ir("vectorized")
+    k_loop, column_loop = vectorized.find("step %c8 {"), vectorized.find("step %c64 {")
+    assert 0 < k_loop < column_loop
+    assert "step %c8 {" not in FEW_ROWS_MATMULS[3, "f32"].ir("vectorized")  # a C tile of 3 rows is stored once
+
+
 def test_fast_dynamic_matmul_splits_off_the_rows_it_reads_b_in_place_for():
     vectorized = FAST_MATMULS["f32"].ir("vectorized")
     assert "memkernel.few_rows" in vectorized  # the split point: M when M < 8, else 0

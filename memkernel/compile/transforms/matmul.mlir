@@ -19,9 +19,10 @@
 //
 // {tiling} names the sequence that cuts the matmul into register tiles: @pack_panels, the
 // scheme above; @tile_rows for a static M of fewer rows than a register tile, which reads
-// B in place; or @split_rows for a dynamic M, which gives its rows to the one or the other
-// depending on M, at run time. The blocks of rows form an scf.forall; {distribution} says
-// whether it runs in order or its blocks are tasks on the async runtime's workers.
+// B in place (@tile_one_row for a static M of 1, which also cuts K); or @split_rows for a
+// dynamic M, which gives its rows to the one or the other depending on M, at run time. The
+// blocks of rows form an scf.forall; {distribution} says whether it runs in order or its
+// blocks are tasks on the async runtime's workers.
 module attributes {transform.with_named_sequence} {
   transform.named_sequence @__transform_main(%root: !transform.any_op {transform.consumed}) {
     %func = transform.structured.match ops{["func.func"]} in %root : (!transform.any_op) -> !transform.any_op
@@ -172,8 +173,21 @@ module attributes {transform.with_named_sequence} {
     transform.yield
   }
 
+  // One row of A (a static M of 1, or a dynamic M's few rows one at a time): K is first cut
+  // into steps of {row_depth}, outermost, so that each step reads {row_depth} rows of B from
+  // end to end (as OpenBLAS's sgemv does) while the row of C stays in the L1 cache, loaded
+  // and stored once per step. Left to @tile_rows alone, each tile of columns would walk all
+  // of K down B's columns, a stride of a whole row of B per step.
+  transform.named_sequence @tile_one_row(%func: !transform.any_op {transform.readonly},
+                                         %matmul: !transform.any_op {transform.consumed}) {
+    %deep, %depths = transform.structured.tile_using_for %matmul tile_sizes [0, 0, {row_depth}]
+        : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
+    transform.include @tile_rows failures(propagate) (%func, %deep) : (!transform.any_op, !transform.any_op) -> ()
+    transform.yield
+  }
+
   // A dynamic M: the rows before the split point memkernel computes, M when M is below the
-  // register rows and else 0, take @tile_rows one row at a time; the others @pack_panels.
+  // register rows and else 0, take @tile_one_row one row at a time; the others @pack_panels.
   // So a few rows, which packing B would cost as much as computing, are not packed, and a
   // large M costs one comparison more.
   transform.named_sequence @split_rows(%func: !transform.any_op {transform.readonly},
@@ -184,7 +198,7 @@ module attributes {transform.with_named_sequence} {
     %few, %many = transform.split_handle %parts : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
     %row, %rows = transform.structured.tile_using_for %few tile_sizes [1, 0, 0]
         : (!transform.any_op) -> (!transform.any_op, !transform.any_op)
-    transform.include @tile_rows failures(propagate) (%func, %row) : (!transform.any_op, !transform.any_op) -> ()
+    transform.include @tile_one_row failures(propagate) (%func, %row) : (!transform.any_op, !transform.any_op) -> ()
     // Blocks of a size memkernel computes: the same as @pack_panels's, but none when no row
     // is left, where @pack_panels's would be a block of no rows that still packs B.
     %size = transform.structured.match ops{["arith.maxui"]} attributes {memkernel.block_rows} in %func
