@@ -650,9 +650,11 @@ def _isolated(options: KernelOptions) -> bool:
 
 def _start_compiling_sooner(options: KernelOptions, worker: Any) -> None:
     """No cache holds the kernel's IR, so none its code: start the compile worker now, unless the kernel is
-    compiled in an isolated call's worker."""
+    compiled in an isolated call's worker. What the first call needs to ask for the compile is imported while the
+    worker starts (about 20 ms, which the first call would otherwise wait for after the worker read the IR)."""
     if not _isolated(options):
         worker.start(options.llvm_options)
+        from .compile import build  # noqa: F401
 
 
 def _parameters(function: Callable[..., Any]) -> list[str]:
