@@ -88,11 +88,33 @@ def _libm() -> ctypes.CDLL:
     return ctypes.CDLL("libm.so.6")
 
 
+class _SymbolInfo(ctypes.Structure):
+    """glibc's ``Dl_info``: the object defining an address, and the symbol."""
+
+    _fields_ = [("file", ctypes.c_char_p), ("base", ctypes.c_void_p), ("symbol", ctypes.c_char_p),
+                ("address", ctypes.c_void_p)]
+
+
+@functools.lru_cache(maxsize=None)
+def _libm_defines(name: str) -> bool:
+    """Whether libm itself defines ``name``. A lookup through libm also finds what the libraries it depends on
+    define (libc's ``puts`` and ``printf``): ``dladdr`` says which object the symbol found is in."""
+    try:
+        found = ctypes.cast(getattr(_libm(), name), ctypes.c_void_p)
+        dladdr = _libc.dladdr
+    except AttributeError:
+        return False
+    info = _SymbolInfo()
+    if not dladdr(found, ctypes.byref(info)) or not info.file:
+        return False
+    return os.path.basename(info.file).startswith(b"libm.")
+
+
 def may_print(external_functions: Iterable[str]) -> bool:
-    """Whether a kernel calling these functions may write to the C streams."""
-    libm = _libm()
+    """Whether a kernel calling these functions may write to the C streams: it calls one that is neither an
+    allocator, ``memrefCopy``, an APFloat routine nor one libm defines."""
     return any(
-        name not in _SILENT and not name.startswith("_mlir_apfloat_") and not hasattr(libm, name)
+        name not in _SILENT and not name.startswith("_mlir_apfloat_") and not _libm_defines(name)
         for name in external_functions
     )
 

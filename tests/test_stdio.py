@@ -311,3 +311,33 @@ def test_custom_pipeline_has_input_and_llvm_stages_only():
     assert "llvm.func @k(" in kernel.ir("llvm")
     with pytest.raises(ValueError, match="a custom pipeline has the stages 'input' and 'llvm'"):
         kernel.ir("loops")
+
+
+@pytest.mark.parametrize("name, prints", [("puts", True), ("printf", True), ("write", True), ("putchar", True),
+                                          ("printMemrefF32", True), ("expf", False), ("sinf", False),
+                                          ("copysign", False), ("malloc", False), ("memrefCopy", False)])
+def test_a_kernel_may_print_unless_all_it_calls_is_silent_or_libms_own(name, prints):
+    """A lookup through libm finds libc's symbols too (libm depends on libc): puts is libc's, expf libm's."""
+    assert memkernel.stdio.may_print([name]) is prints
+
+
+PUTS = """
+llvm.mlir.global internal constant @message("from puts\\00") {addr_space = 0 : i32}
+llvm.func @puts(!llvm.ptr) -> i32
+func.func @say(%a: memref<?xf32>, %o: memref<?xf32>) {
+  %p = llvm.mlir.addressof @message : !llvm.ptr
+  %r = llvm.call @puts(%p) : (!llvm.ptr) -> i32
+  memref.copy %a, %o : memref<?xf32> to memref<?xf32>
+  return
+}"""
+
+
+@pytest.mark.parametrize("isolate", [False, True])
+def test_what_a_kernel_writes_with_libcs_puts_comes_in_order_with_python_prints(capsys, isolate):
+    say = mlir_kernel(PUTS, isolate=isolate)(lambda a: None)
+    a = np.ones(2, np.float32)
+    for i in range(3):
+        print(f"call {i}")
+        np.testing.assert_array_equal(say(a), a)
+    assert capsys.readouterr().out.splitlines() == ["call 0", "from puts", "call 1", "from puts", "call 2",
+                                                    "from puts"]
