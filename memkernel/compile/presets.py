@@ -91,10 +91,16 @@ _MATMUL_ROW_VECTORS = 4
 _MATMUL_ROW_DEPTH = 8
 
 
+def _any_static_zero(ops: list[ir.Operation]) -> bool:
+    """Whether an operand of ``ops`` has a static dim of size 0: nothing to compute, and tiling it made an upstream
+    utility assert (``computeAllSliceParameters``: "expected as many ivs as non-zero sizes")."""
+    return any(0 in v.type.shape for op in ops for v in op.operands if isinstance(v.type, ir.ShapedType))
+
+
 def _matmul_parameters(module: ir.Module, parallel: bool) -> dict[str, str] | None:
     matmuls = _ops(module, "linalg.matmul")
     types = {_element(v) for op in matmuls for v in op.operands}
-    if not matmuls or not types <= set(_FLOATS) or len(types) != 1:
+    if not matmuls or not types <= set(_FLOATS) or len(types) != 1 or _any_static_zero(matmuls):
         return None
     lanes = host_vector_bits() // (64 if types == {"f64"} else 32)
     workers = os.cpu_count() or 1
@@ -204,7 +210,7 @@ def _convolution_parameters(op: str) -> Callable[[ir.Module, bool], dict[str, st
     def parameters(module: ir.Module, parallel: bool) -> dict[str, str] | None:
         convolutions = _ops(module, op)
         types = {_element(v) for conv in convolutions for v in conv.operands}
-        if not convolutions or not types <= set(_FLOATS) or len(types) != 1:
+        if not convolutions or not types <= set(_FLOATS) or len(types) != 1 or _any_static_zero(convolutions):
             return None
         lanes = host_vector_bits() // (64 if types == {"f64"} else 32)
         sizes = {"ow": _CONV_COLUMNS, "f": _CONV_FEATURE_VECTORS * lanes, "c": _CONV_CHANNELS}

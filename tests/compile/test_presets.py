@@ -544,3 +544,29 @@ def test_an_exception_in_a_callback_on_a_worker_thread_is_raised_from_the_call()
     with pytest.raises(LookupError, match="iteration 6000"):
         kernel(out)
     np.testing.assert_array_equal(out, 2 * np.arange(8192))
+
+
+def static_matmul(m: int, k: int, n: int):
+    a, b, c = (f"memref<{r}x{s}xf32>" for r, s in ((m, k), (k, n), (m, n)))
+    return mlir_kernel(f"""func.func @mm(%a: {a}, %b: {b}, %c: {c}) {{
+      linalg.matmul ins(%a, %b : {a}, {b}) outs(%c : {c})
+      return }}""", pipeline="fast", cache=False)(lambda a, b: None)
+
+
+@pytest.mark.parametrize("m, k, n", [(2, 0, 5), (1, 5, 0), (16, 0, 16), (16, 16, 0), (0, 4, 4), (1, 0, 3)])
+def test_fast_matmul_with_a_static_zero_dim_takes_the_default_lowering_and_matches_numpy(m, k, n):
+    """Tiling a static zero dim made an upstream utility assert (the compile worker died): no strategy applies."""
+    a, b = np.ones((m, k), np.float32), np.ones((k, n), np.float32)
+    c = np.full((m, n), 3, np.float32)
+    np.testing.assert_array_equal(static_matmul(m, k, n)(a, b, out=c.copy()), c + a @ b)
+
+
+def test_fast_convolution_with_no_input_channels_takes_the_default_lowering():
+    x, w, y = "memref<1x6x6x0xf32>", "memref<3x3x0x4xf32>", "memref<1x4x4x4xf32>"
+    conv = mlir_kernel(f"""func.func @cv(%x: {x}, %w: {w}, %y: {y}) {{
+      linalg.conv_2d_nhwc_hwcf {{dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}}
+        ins(%x, %w : {x}, {w}) outs(%y : {y})
+      return }}""", pipeline="fast", cache=False)(lambda x, w: None)
+    y0 = np.full((1, 4, 4, 4), 2, np.float32)
+    np.testing.assert_array_equal(conv(np.ones((1, 6, 6, 0), np.float32), np.ones((3, 3, 0, 4), np.float32),
+                                       out=y0.copy()), y0)
