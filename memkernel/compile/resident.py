@@ -314,7 +314,10 @@ def _exchange(connection: socket.socket, options: tuple[str, ...], what: str, re
             status = None
         reply = _reply(exchange.fileno(), len(request)) if status in (0, None) else None
         if reply is None:
-            raise CompileError(crash_message("compile server", options, what, death(status, stderr.fileno()),
+            # The server forks a process for each request: the one that died was this request's, unless none said
+            # how it ended (gone), when the server itself went away.
+            named = "compile server" if status is None else "compile server's process for it"
+            raise CompileError(crash_message(named, options, what, death(status, stderr.fileno()),
                                              started=True, gone=status is None)) from None
     finally:
         with _state_lock:
