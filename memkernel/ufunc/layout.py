@@ -155,13 +155,14 @@ def _check_bound(kernel: str, bound: Bound, classes: dict[Dim, Dim], fixed: dict
     """Accept a bound every size the signature allows meets: one the fixed sizes meet (a static access in a
     static memref), or a dim at least as large as the dim it is tied to; refuse the others."""
     target = classes[bound.target]
-    if bound.constant <= 0 and bound.lowest >= 0 and len(bound.terms) == 1 and bound.terms[0][0] == 1 \
-            and classes[bound.terms[0][1]] == target:
+    terms = [(c, d) for c, d in bound.terms if c]  # a dim with coefficient 0 moves the access nowhere
+    if bound.constant <= 0 and bound.lowest >= 0 and len(terms) == 1 and terms[0][0] == 1 \
+            and classes[terms[0][1]] == target:
         return
-    dims = [target, *(classes[d] for _, d in bound.terms)]
+    dims = [target, *(classes[d] for _, d in terms)]
     if all(d in fixed for d in dims):
-        reach = bound.constant + sum(c * (fixed[classes[d]] - 1) for c, d in bound.terms)
-        if fixed[target] > reach and bound.lowest >= 0 or any(fixed[classes[d]] == 0 for _, d in bound.terms):
+        reach = bound.constant + sum(c * (fixed[classes[d]] - 1) for c, d in terms)
+        if fixed[target] > reach and bound.lowest >= 0 or any(fixed[classes[d]] == 0 for _, d in terms):
             return
     raise _refuse(kernel, f"{bound.reason} needs a dim at least as large as other dims (a window or an offset "
                   "access); a gufunc signature can only say that dims are equal or fixed.")
@@ -179,6 +180,9 @@ def gufunc_layout(spec: KernelSpec, results: int = 0, callbacks: bool = False) -
     for c in spec.contracts:
         if isinstance(c.spec, MemRefSpec):
             for k, size in c.static_dims:  # type: ignore[union-attr]
+                if size == 0:
+                    raise _refuse(spec.name, f"dim {k} of {c.name} ({c.spec.mlir}) is 0, a size numpy does not "
+                                  "take in a gufunc signature (a fixed core dim is 1 or more).")
                 fixed.setdefault(classes[Dim(c.index, k)], size)
     for tie in spec.shapes.ties:
         if tie.b is None:

@@ -1,5 +1,7 @@
 """kernel.gufunc(): a real numpy gufunc whose signature comes from the shape rules, checked against numpy."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -227,6 +229,47 @@ def test_static_cores_are_zero_filled_copied_and_kept_apart_as_dynamic_ones(case
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
     if case == "out view with gaps":
         assert (base[:, :, 1::2] == 7).all()
+
+
+ROW_SUM_BY_LOOPS = """
+func.func @rowsum(%a: memref<?x4xf32>, %o: memref<?xf32>) {
+  %c0 = arith.constant 0 : index
+  %c1 = arith.constant 1 : index
+  %c4 = arith.constant 4 : index
+  %n = memref.dim %a, %c0 : memref<?x4xf32>
+  scf.for %i = %c0 to %n step %c1 {
+    scf.for %j = %c0 to %c4 step %c1 {
+      %v = memref.load %a[%i, %j] : memref<?x4xf32>
+      %acc = memref.load %o[%i] : memref<?xf32>
+      %x = arith.addf %acc, %v : f32
+      memref.store %x, %o[%i] : memref<?xf32>
+    }
+  }
+  return
+}"""
+
+
+def rowsum(a: "N 4") -> "N":  # type: ignore[no-untyped-def]  # noqa: F821
+    return None
+
+
+def test_a_fixed_dim_reached_by_a_loop_of_fixed_length_under_a_free_one_makes_a_gufunc():
+    """The inner loop's reach (3) is bounded with the outer loop's dim at coefficient 0: it does not count."""
+    gufunc = mlir_kernel(ROW_SUM_BY_LOOPS)(rowsum).gufunc()
+    assert gufunc.signature == "(N,4)->(N)"
+    a = floats(5, 3, 4)
+    np.testing.assert_allclose(gufunc(a), a.sum(axis=-1), rtol=1e-6)
+
+
+def test_a_core_dim_fixed_at_zero_is_a_signature_error_not_numpys_value_error():
+    kernel = mlir_kernel("""func.func @z(%a: memref<0x4xf32>, %o: memref<4xf32>) {
+      linalg.reduce ins(%a : memref<0x4xf32>) outs(%o : memref<4xf32>) dimensions = [0]
+        (%x: f32, %acc: f32) { %s = arith.addf %x, %acc : f32
+          linalg.yield %s : f32 }
+      return }""")(lambda a: None)
+    with pytest.raises(SignatureError, match=re.escape("z.gufunc(): dim 0 of a (memref<0x4xf32>) is 0, a size numpy "
+                                                       "does not take in a gufunc signature")):
+        kernel.gufunc()
 
 
 def test_float64_input_is_numpys_casting_error(matmul: np.ufunc) -> None:
