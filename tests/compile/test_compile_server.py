@@ -215,16 +215,19 @@ def test_processes_starting_at_once_start_one_server(cache):
     pids = {int(_finished(process)) for process in processes}
     assert len(pids) == 1
     (name,) = _sockets(cache)
-    servers = [pid for pid in os.listdir("/proc") if pid.isdigit() and _command_names(int(pid), name)]
+    servers = [pid for pid in os.listdir("/proc") if pid.isdigit() and _command_names(int(pid), name, str(cache))]
     assert servers == [str(*pids)]
 
 
-def _command_names(pid: int, name: str) -> bool:
+def _command_names(pid: int, *words: str) -> bool:
+    """Whether process ``pid``'s command has each of ``words`` as an argument: a server's name is the same for
+    every cache folder (other tests' servers, idle for a while, have it too), so this one's folder must be there."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as command:
-            return name.encode() in command.read().split(b"\0")
+            arguments = command.read().split(b"\0")
     except OSError:
         return False
+    return all(word.encode() in arguments for word in words)
 
 
 def test_a_socket_whose_server_is_gone_is_replaced(cache):
