@@ -341,3 +341,23 @@ def test_what_a_kernel_writes_with_libcs_puts_comes_in_order_with_python_prints(
         np.testing.assert_array_equal(say(a), a)
     assert capsys.readouterr().out.splitlines() == ["call 0", "from puts", "call 1", "from puts", "call 2",
                                                     "from puts"]
+
+
+ASSERT_POSITIVE = """func.func @positive(%a: memref<?xf32>, %x: f32) {
+  %z = arith.constant 0.0 : f32
+  %ok = arith.cmpf ogt, %x, %z : f32
+  cf.assert %ok, "x must be positive"
+  return
+}"""
+
+
+@pytest.mark.parametrize("case", ["checked=True", "cf.assert"])
+def test_the_guards_puts_on_its_way_to_abort_does_not_make_a_kernel_one_that_may_print(case):
+    """A failed assertion returns to the guard; only an unguarded one prints (then aborts the process): such a
+    kernel keeps its compiled entry, which a kernel whose output is captured has not."""
+    if case == "checked=True":
+        kernel = mlir_kernel(elementwise("arith.addf", "memref<?xf32>", "f32", 1), checked=True, cache=False)(
+            lambda a, b: None)
+    else:
+        kernel = mlir_kernel(ASSERT_POSITIVE, cache=False)(lambda a, x: None)
+    assert kernel.invoker.may_print is False and kernel.invoker.entry is not None

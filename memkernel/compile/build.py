@@ -94,7 +94,7 @@ def compile_function(
     if unresolved:
         raise _unresolved_error(name, unresolved)
     entry = Entry(made.code, (*shared_libs, *added), fast.symbols if fast is not None and made.fast else None,
-                  may_print(made.externals), made.guarded,
+                  may_print(made.kernel_calls), made.guarded,
                   made.initializers)
     try:
         compiled = load_function(entry, name, {**{f"_mlir_ciface_{c}": a for c, a in callbacks.items()}, **foreign})

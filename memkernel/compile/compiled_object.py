@@ -16,5 +16,8 @@ class ObjectCode:
     code: bytes
     fast: bool
     externals: tuple[str, ...]
+    kernel_calls: tuple[str, ...]
+    """The externals the kernel's own functions call or take the address of, not only memkernel's support code
+    (the guard calls ``puts`` only on its way to ``abort``): the ones that tell whether the kernel may print."""
     guarded: bool = False
     initializers: bool = False

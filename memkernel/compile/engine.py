@@ -140,6 +140,7 @@ def object_code(source: str, name: str, pipeline: Pipeline, opt_level: int, shar
             prefer_host_vector_width(parsed.module)
         defined_later = {f"_mlir_ciface_{callback}" for callback in callbacks} | set(foreign)
         externals = [f for f in external_functions(parsed.module) if f not in defined_later]
+        module_text = _kernel_text(parsed.module)
         added, unresolved = libraries.libraries_for(externals, shared_libs)
         libs = (*shared_libs, *added)
         failure, address = None, 0
@@ -159,7 +160,25 @@ def object_code(source: str, name: str, pipeline: Pipeline, opt_level: int, shar
             "may be missing: pass the library that defines it in shared_libs=.", stderr))
     code = _object_code(engine)
     _trial_link(name, code, libs, (*defined_later, *unresolved))
-    return ObjectCode(code, fast is not None, tuple(externals), contained is not None, has_initializers)
+    return ObjectCode(code, fast is not None, tuple(externals), kernel_calls(module_text, externals),
+                      contained is not None, has_initializers)
+
+
+def _kernel_text(module: ir.Module) -> str:
+    """The text of the functions the lowered ``module`` defines other than memkernel's own (``__memkernel_*``:
+    the guard, the fast path, the checks)."""
+    texts = []
+    for op in module.body.operations:
+        if op.operation.name == "llvm.func" and len(op.regions[0].blocks) > 0 and \
+                not ir.StringAttr(op.attributes["sym_name"]).value.startswith("__memkernel_"):
+            texts.append(str(op))
+    return "\n".join(texts)
+
+
+def kernel_calls(text: str, externals: Sequence[str]) -> tuple[str, ...]:
+    """The ``externals`` that ``text`` (see :func:`_kernel_text`) names: calls and addresses taken. A name that
+    merely starts like another counts too, which errs on the side of "may print"."""
+    return tuple(name for name in externals if f"@{name}" in text or f'@"{name}' in text)
 
 
 def for_cpu(module: ir.Module, cpu: str) -> None:
