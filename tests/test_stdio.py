@@ -361,3 +361,28 @@ def test_the_guards_puts_on_its_way_to_abort_does_not_make_a_kernel_one_that_may
     else:
         kernel = mlir_kernel(ASSERT_POSITIVE, cache=False)(lambda a, x: None)
     assert kernel.invoker.may_print is False and kernel.invoker.entry is not None
+
+
+PUTS_THROUGH_A_GLOBAL = """
+llvm.mlir.global internal constant @message("through a global\\00") {addr_space = 0 : i32}
+llvm.func @puts(!llvm.ptr) -> i32
+llvm.mlir.global internal constant @say() {addr_space = 0 : i32} : !llvm.ptr {
+  %f = llvm.mlir.addressof @puts : !llvm.ptr
+  llvm.return %f : !llvm.ptr
+}
+func.func @indirect(%a: memref<?xf32>) {
+  %g = llvm.mlir.addressof @say : !llvm.ptr
+  %f = llvm.load %g : !llvm.ptr -> !llvm.ptr
+  %p = llvm.mlir.addressof @message : !llvm.ptr
+  %r = llvm.call %f(%p) : !llvm.ptr, (!llvm.ptr) -> i32
+  return
+}"""
+
+
+def test_a_kernel_calling_puts_through_a_global_function_pointer_may_print(capsys):
+    indirect = mlir_kernel(PUTS_THROUGH_A_GLOBAL, cache=False)(lambda a: None)
+    print("before")
+    indirect(np.ones(1, np.float32))
+    print("after")
+    assert indirect.invoker.may_print is True
+    assert capsys.readouterr().out.splitlines() == ["before", "through a global", "after"]

@@ -165,13 +165,16 @@ def object_code(source: str, name: str, pipeline: Pipeline, opt_level: int, shar
 
 
 def _kernel_text(module: ir.Module) -> str:
-    """The text of the functions the lowered ``module`` defines other than memkernel's own (``__memkernel_*``:
-    the guard, the fast path, the checks)."""
+    """The text of what the lowered ``module`` defines (functions, and globals, whose initializers may take a
+    function's address) other than memkernel's own (``__memkernel_*``: the guard, the fast path, the checks)."""
     texts = []
     for op in module.body.operations:
-        if op.operation.name == "llvm.func" and len(op.regions[0].blocks) > 0 and \
-                not ir.StringAttr(op.attributes["sym_name"]).value.startswith("__memkernel_"):
-            texts.append(str(op))
+        op = op.operation
+        if op.name == "llvm.func" and len(op.regions[0].blocks) == 0:
+            continue  # a declaration
+        if "sym_name" in op.attributes and ir.StringAttr(op.attributes["sym_name"]).value.startswith("__memkernel_"):
+            continue
+        texts.append(str(op))
     return "\n".join(texts)
 
 
